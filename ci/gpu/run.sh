@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU suite in one command, on any CUDA machine with torch and triton:
+#   ci/gpu/run.sh OUTDIR
+# installs this checkout (no dependencies fetched), runs the whole test suite (GPU-marked tests included),
+# then the ops benchmark against PyTorch and the importable peers, writing logs, JSON, Markdown and a plot
+# into OUTDIR. Set SK_GPU_STEPS to a subset of "tests tune bench geglu" to run less.
+set -uo pipefail
+out=${1:?usage: ci/gpu/run.sh OUTDIR}
+mkdir -p "$out"
+cd "$(dirname "$0")/../.."
+steps=${SK_GPU_STEPS:-tests bench geglu}
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
+  || { echo "installing the checkout failed"; exit 1; }
+if [ -d .whl ]; then  # optional peer wheels carried along (e.g. liger-kernel)
+  python3 -m pip install -q --no-index --no-deps --target /tmp/sk-peers .whl/*.whl >/dev/null 2>&1 \
+    && export PYTHONPATH=/tmp/sk-peers${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -c 'import torch, triton; p = torch.cuda.get_device_properties(0); print(p.name, torch.__version__, triton.__version__)' \
+  | tee "$out/environment.txt"
+status=0
+for step in $steps; do
+  case $step in
+    tests) python3 -m pytest -q -p no:cacheprovider -m "not vllm and not sglang" tests 2>&1 | tee "$out/tests.log"
+           status=$((status | ${PIPESTATUS[0]})) ;;
+    tune)  python3 benchmarks/tune_launch.py "$out" 2>&1 | tee "$out/tune.log" ;;
+    bench) sk bench --peers --out "$out" 2>&1 | tee "$out/bench.log" ;;
+    geglu) [ -f benchmarks/bench_geglu.py ] && python3 benchmarks/bench_geglu.py "$out" 2>&1 | tee "$out/geglu.log" ;;
+  esac
+done
+exit $status

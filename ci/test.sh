@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): builds or reuses the pinned environment, then runs the whole suite.
+# On a machine without a GPU the Triton kernels run through Triton's interpreter and GPU-only tests skip;
+# on a GPU machine use ci/gpu/run.sh instead (it adds the benchmarks).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=$(bash ci/envs/vllm_cpu.sh)
+export PATH="$VENV/bin:$PATH"
+exec python -m pytest -q -p no:cacheprovider "$@" tests

@@ -1,0 +1,15 @@
+"""Standard Kernels: fused Triton kernels for LLM layers, with honest fallback to PyTorch.
+
+    import sk                      # or: import standardkernels
+    y = sk.ops.rms_norm(x, w, 1e-6)
+    with sk.coverage.strict():     # a fallback to PyTorch becomes an error
+        ...
+    sk.coverage.write_report("standardkernels-coverage.json")
+"""
+__version__ = "0.1.0"
+
+from sk import coverage, ops  # noqa: E402
+from sk.coverage import CoverageError  # noqa: E402
+from sk.warmup import warmup  # noqa: E402
+
+__all__ = ["ops", "coverage", "CoverageError", "warmup", "__version__"]

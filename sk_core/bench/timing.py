@@ -1,0 +1,100 @@
+"""Per-call GPU time of a callable, measured the way small ops must be: many calls inside one CUDA graph.
+
+Launch overhead from Python would dominate a 2 µs kernel, so `calls_per_replay` calls are captured into one
+graph, the graph is replayed `repeats` times between CUDA events, and the median per-call time is reported.
+Implementations compared side by side have their replays interleaved.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+import torch
+
+
+def capture(fn: Callable[[], object], calls_per_replay: int, warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `calls_per_replay` calls of `fn`, after warm-up calls that compile and allocate."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls_per_replay):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def side_by_side_us(
+    fns: dict[str, Callable[[], object]], *, calls_per_replay: int = 20, repeats: int = 50,
+    on_error: Callable[[str, Exception], None] = lambda name, e: None,
+) -> dict[str, float | None]:
+    """Median µs per call of each fn, their replays interleaved so that clock or thermal drift hits all alike.
+
+    A fn that fails to run or capture gets None (and `on_error` is told why).
+    """
+    graphs = {}
+    for name, fn in fns.items():
+        try:
+            graphs[name] = capture(fn, calls_per_replay)
+        except Exception as e:  # a peer that cannot run here is reported by the caller, not fatal
+            on_error(name, e)
+    times = {name: [] for name in graphs}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(repeats):
+        for name, graph in graphs.items():
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) * 1000 / calls_per_replay)
+    return {name: statistics.median(times[name]) if name in times else None for name in fns}
+
+
+def graph_time_us(fn: Callable[[], object], *, calls_per_replay: int = 20, repeats: int = 50) -> float:
+    """Median µs per call of `fn` (no arguments; it closes over static inputs), replayed from a CUDA graph."""
+    def fail(name, e):
+        raise e
+    return side_by_side_us({"fn": fn}, calls_per_replay=calls_per_replay, repeats=repeats, on_error=fail)["fn"]
+
+
+def environment() -> dict:
+    """GPU, versions and date, for committing next to any result."""
+    import datetime
+    import platform
+
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "date": datetime.date.today().isoformat(),
+        "gpu": props.name,
+        "arch": f"sm{props.major}{props.minor}",
+        "sms": props.multi_processor_count,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+    }
+
+
+def copy_bandwidth_tbps(nbytes: int = 4 << 30) -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second), the ceiling for memory-bound ops."""
+    src = torch.empty(nbytes // 8, dtype=torch.float32, device="cuda")  # 4-byte elements: vectorized copy
+    dst = torch.empty_like(src)
+    # Timed outside a graph: a captured copy becomes a copy-engine memcpy node, slower than the SM copy kernel
+    # eager mode launches; at gigabytes the launch overhead is negligible.
+    dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(10):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return 2 * src.numel() * 4 / statistics.median(times) / 1e12

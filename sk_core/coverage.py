@@ -1,0 +1,240 @@
+"""The Kernel Coverage table, per-call dispatch between kernel and reference, strict mode and coverage reports.
+
+Every op call asks `decide(...)` whether its Triton kernel covers the inputs. Outside coverage the op runs its
+PyTorch reference and the miss is recorded with the reason; under `strict()` the miss raises `CoverageError`
+instead. `write_report(path)` writes what was recorded, for attaching to a request for a new kernel variant.
+
+Decisions and records happen inside the custom ops' eager implementations, so they run on every call, also
+under `torch.compile`; under CUDA-graph replay no Python runs, so a captured call is counted once, at capture.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import datetime
+import functools
+import json
+import os
+import threading
+from collections import Counter
+from importlib import resources
+from typing import Iterable, Iterator, Sequence
+
+import torch
+import yaml
+
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64"}
+# Set before import (as Triton requires), this makes the kernels run on CPU tensors through Triton's
+# interpreter: that is how CI tests the kernels themselves without a GPU.
+TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class CoverageError(RuntimeError):
+    """A call fell outside the published kernel coverage while strict mode was on."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CoverageEntry:
+    op: str
+    precisions: tuple[str, ...]
+    hardware: tuple[str, ...]
+    limits: dict
+    shape: str
+    provenance: str
+    training: bool
+    inference: bool
+
+
+@functools.cache
+def table() -> dict[str, CoverageEntry]:
+    """The Kernel Coverage table, keyed by op name."""
+    text = resources.files("sk").joinpath("kernel_coverage.yaml").read_text()
+    entries = {}
+    for raw in yaml.safe_load(text):
+        raw["precisions"], raw["hardware"] = tuple(raw["precisions"]), tuple(raw["hardware"])
+        entries[raw["op"]] = CoverageEntry(**raw)
+    return entries
+
+
+def markdown_table() -> str:
+    """The table in the seed page's columns, as the README shows it."""
+    tick = {True: "✓", False: "✗"}
+    lines = [
+        "| Op | Precision | Hardware | Shape | Provenance | Training | Inference |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for e in table().values():
+        lines.append(
+            f"| `{e.op}` | {', '.join(e.precisions)} | {', '.join(h.upper() for h in e.hardware)} | {e.shape} "
+            f"| {e.provenance} | {tick[e.training]} | {tick[e.inference]} |"
+        )
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------- strict mode
+
+_strict = contextvars.ContextVar("sk_strict", default=os.environ.get("SK_STRICT") == "1")
+
+
+@contextlib.contextmanager
+def strict(enabled: bool = True) -> Iterator[None]:
+    """Within this context (this thread / async task only), a fallback raises `CoverageError`."""
+    token = _strict.set(enabled)
+    try:
+        yield
+    finally:
+        _strict.reset(token)
+
+
+def is_strict() -> bool:
+    return _strict.get()
+
+
+# ----------------------------------------------------------------------------------------------- recording
+
+_lock = threading.Lock()
+_kernel_calls: Counter = Counter()
+_fallbacks: Counter = Counter()
+
+
+@functools.cache
+def _cuda_arch(index: int) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm{major}{minor}"
+
+
+def _arch_of(device: torch.device) -> str | None:
+    if device.type == "cuda":
+        return _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
+    return None
+
+
+def _describe(tensors: Sequence[torch.Tensor]) -> tuple[tuple, tuple]:
+    shapes = tuple(tuple(t.shape) for t in tensors)
+    dtypes = tuple(DTYPE_NAMES.get(t.dtype, str(t.dtype).removeprefix("torch.")) for t in tensors)
+    return shapes, dtypes
+
+
+def miss_reason(op: str, x: torch.Tensor, *, shape_miss: str | None = None, backward: bool = False) -> str | None:
+    """Why `op` on input `x` is outside the table, or None when its kernel covers it.
+
+    `x` is the activation whose dtype and device decide the variant; `shape_miss` is the op's own verdict
+    on its shape limits (see each op's `shape_miss`).
+    """
+    entry = table()[op]
+    if backward and not entry.training:
+        return "backward: no kernel published for training; autograd of the PyTorch reference ran"
+    if not backward and not entry.inference:
+        return "no inference kernel published"
+    if x.device.type == "cpu":
+        if not TRITON_INTERPRET:
+            return "CPU tensor: the kernels need a CUDA GPU (TRITON_INTERPRET=1 runs them interpreted, for testing)"
+    elif x.device.type == "cuda":
+        arch = _arch_of(x.device)
+        if arch not in entry.hardware:
+            return f"GPU architecture {arch} is not in the published coverage ({', '.join(entry.hardware)})"
+    else:
+        return f"device type {x.device.type!r} has no kernels"
+    precision = DTYPE_NAMES.get(x.dtype, str(x.dtype))
+    if precision not in entry.precisions:
+        return f"dtype {precision} is not covered ({', '.join(entry.precisions)})"
+    return shape_miss
+
+
+def decide(op: str, tensors: Sequence[torch.Tensor], *, shape_miss: str | None = None, backward: bool = False) -> bool:
+    """True to run the kernel; otherwise records the miss (or raises under strict mode) and returns False.
+
+    `tensors[0]` is the activation that selects the variant; all of them are named in the record.
+    """
+    reason = miss_reason(op, tensors[0], shape_miss=shape_miss, backward=backward)
+    if reason is None:
+        with _lock:
+            _kernel_calls[op] += 1
+        return True
+    record_fallback(op, tensors, reason)
+    return False
+
+
+def record_fallback(op: str, tensors: Sequence[torch.Tensor], reason: str) -> None:
+    shapes, dtypes = _describe(tensors)
+    device = tensors[0].device
+    if is_strict():
+        raise CoverageError(
+            f"sk.ops.{op}: no kernel covers this call ({reason}); inputs: shapes {list(shapes)}, "
+            f"dtypes {list(dtypes)}, device {device}. Strict mode forbids the PyTorch fallback; "
+            f"see `sk list` for the Kernel Coverage table."
+        )
+    key = (op, shapes, dtypes, str(device), _arch_of(device), reason)
+    with _lock:
+        _fallbacks[key] += 1
+
+
+def reset() -> None:
+    """Forget every recorded call (e.g. between benchmark phases)."""
+    with _lock:
+        _kernel_calls.clear()
+        _fallbacks.clear()
+
+
+def report() -> dict:
+    """What this process recorded: kernel calls per op and every fallback with its reason and count."""
+    with _lock:
+        calls, misses = dict(_kernel_calls), list(_fallbacks.items())
+    gpu = None
+    if torch.cuda.is_initialized():  # never initialise CUDA just to write a report
+        index = torch.cuda.current_device()
+        gpu = {"name": torch.cuda.get_device_name(index), "arch": _cuda_arch(index)}
+    import triton
+
+    from sk import __version__
+
+    return {
+        "schema": "standardkernels.coverage/1",
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": {"standardkernels": __version__, "torch": torch.__version__, "triton": triton.__version__},
+        "processes": [{"pid": os.getpid(), "rank": os.environ.get("RANK"), "gpu": gpu}],
+        "kernel_calls": calls,
+        "fallbacks": [
+            {"op": op, "shapes": [list(s) for s in shapes], "dtypes": list(dtypes), "device": dev, "arch": arch,
+             "reason": reason, "count": n}
+            for (op, shapes, dtypes, dev, arch, reason), n in misses
+        ],
+    }
+
+
+def merge_reports(reports: Iterable[dict]) -> dict:
+    """One report from several processes' (e.g. every tensor-parallel rank): counts are summed."""
+    reports = list(reports)
+    calls: Counter = Counter()
+    misses: Counter = Counter()
+    for r in reports:
+        calls.update(r["kernel_calls"])
+        for f in r["fallbacks"]:
+            key = (f["op"], json.dumps(f["shapes"]), tuple(f["dtypes"]), f["device"], f["arch"], f["reason"])
+            misses[key] += f["count"]
+    merged = dict(reports[0]) if reports else report()
+    merged["processes"] = [p for r in reports for p in r["processes"]]
+    merged["kernel_calls"] = dict(calls)
+    merged["fallbacks"] = [
+        {"op": op, "shapes": json.loads(shapes), "dtypes": list(dtypes), "device": dev, "arch": arch,
+         "reason": reason, "count": n}
+        for (op, shapes, dtypes, dev, arch, reason), n in misses.items()
+    ]
+    return merged
+
+
+def write_report(path: str | os.PathLike) -> dict:
+    """Write this process's coverage report as JSON to `path` and return it."""
+    data = report()
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    return data
+
+
+def limit_miss(name: str, value: int, limit: int | None) -> str | None:
+    """A shape-limit verdict in the words the report uses: None when `value` is within `limit`."""
+    if limit is not None and value > limit:
+        return f"{name} {value} exceeds the covered maximum {limit}"
+    return None

@@ -1,0 +1,153 @@
+"""Gated activations of LLM MLPs: SiLU-and-mul (SwiGLU) and GELU-and-mul (GEGLU), as one Triton kernel.
+
+    x = [g, u] along the last dimension (gate first, then up, each d wide)
+    y = act(g) · u,        act = silu(g) = g·sigmoid(g)
+                                 gelu(g) = g/2 · (1 + erf(g/√2))                        (approximate="none")
+                                 gelu(g) = g/2 · (1 + tanh(√(2/π)·(g + 0.044715·g³)))   (approximate="tanh")
+
+Computed in fp32 and rounded once. vLLM's `GeluAndMul` defaults to erf and SGLang's to tanh; both are here.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sk import coverage
+from sk.ops._common import attach_reference_backward, check_float, check_same_device, rows_view
+
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+# Kernels may read module globals only when they are constexpr.
+_SQRT_HALF = tl.constexpr(0.7071067811865476)
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+
+
+# ----------------------------------------------------------------------------------------------- kernel
+
+@triton.jit
+def _erf(x):
+    # Abramowitz & Stegun 7.1.26: |error| < 1.5e-7, i.e. fp32 precision, with one exp and one division.
+    # libdevice's erf costs enough instructions to make erf-GELU compute-bound on an H200.
+    t = 1.0 / (1.0 + 0.3275911 * tl.abs(x))
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    y = 1.0 - poly * tl.exp(-x * x)
+    return tl.where(x < 0, -y, y)
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _act_and_mul_kernel(x_ptr, x_stride, y_ptr, y_stride, n_rows, d, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    g = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + row * x_stride + d + cols, mask=mask, other=0.0).to(tl.float32)
+    if ACT == "silu":
+        a = g * tl.sigmoid(g)
+    elif ACT == "gelu":
+        a = 0.5 * g * (1.0 + _erf(g * _SQRT_HALF))
+    else:
+        # tanh(z) = 2·sigmoid(2z) − 1: exact in fp32 and available in Triton's interpreter too.
+        z = _SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
+        a = g * tl.sigmoid(2.0 * z)  # = g/2 · (1 + tanh(z))
+    tl.store(y_ptr + row * y_stride + cols, (a * u).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch_config(d: int) -> tuple[int, int]:
+    """(BLOCK, num_warps): 8 contiguous elements per thread (16-byte bf16 accesses)."""
+    block = min(2048, triton.next_power_of_2(d))
+    return block, max(1, min(8, block // 256))
+
+
+def _launch(x2: torch.Tensor, y2: torch.Tensor, activation: str) -> None:
+    n_rows, d = y2.shape
+    if n_rows == 0 or d == 0:
+        return
+    block, num_warps = _launch_config(d)
+    _act_and_mul_kernel[(n_rows, triton.cdiv(d, block))](
+        x2, x2.stride(0), y2, y2.stride(0), n_rows, d, ACT=activation, BLOCK=block, num_warps=num_warps
+    )
+
+
+# ----------------------------------------------------------------------------------------------- reference
+
+def act_and_mul_reference(x: torch.Tensor, activation: str) -> torch.Tensor:
+    """The PyTorch op the kernel replaces: fallback, test oracle and benchmark baseline."""
+    d = x.shape[-1] // 2
+    xf = x.float() if x.dtype != torch.float64 else x
+    g, u = xf[..., :d], xf[..., d:]
+    if activation == "silu":
+        a = torch.nn.functional.silu(g)
+    else:
+        a = torch.nn.functional.gelu(g, approximate="tanh" if activation == "gelu_tanh" else "none")
+    return (a * u).to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------- custom ops
+
+def _coverage_name(activation: str) -> str:
+    return "silu_and_mul" if activation == "silu" else "gelu_and_mul"
+
+
+def _out_shape(x: torch.Tensor) -> tuple[int, ...]:
+    return (*x.shape[:-1], x.shape[-1] // 2)
+
+
+def _compute_into(y: torch.Tensor, x: torch.Tensor, activation: str) -> None:
+    if not coverage.decide(_coverage_name(activation), (x,)):
+        y.copy_(act_and_mul_reference(x, activation))
+        return
+    y2 = rows_view(y)
+    _launch(rows_view(x), y2, activation)
+    if y2.data_ptr() != y.data_ptr():  # `out` was not viewable as rows: write the result back
+        y.copy_(y2.view(y.shape))
+
+
+@torch.library.custom_op("sk::act_and_mul", mutates_args=())
+def _act_and_mul_op(x: torch.Tensor, activation: str) -> torch.Tensor:
+    y = torch.empty(_out_shape(x), dtype=x.dtype, device=x.device)
+    _compute_into(y, x, activation)
+    return y
+
+
+@_act_and_mul_op.register_fake
+def _(x, activation):
+    return x.new_empty(_out_shape(x))
+
+
+attach_reference_backward(_act_and_mul_op, lambda args: _coverage_name(args[1]), act_and_mul_reference)
+
+
+@torch.library.custom_op("sk::act_and_mul_out", mutates_args=("out",))
+def _act_and_mul_out_op(out: torch.Tensor, x: torch.Tensor, activation: str) -> None:
+    _compute_into(out, x, activation)
+
+
+# ----------------------------------------------------------------------------------------------- functional API
+
+def _act_and_mul(op: str, x: torch.Tensor, activation: str, out: torch.Tensor | None) -> torch.Tensor:
+    check_float(op, "x", x)
+    if x.dim() == 0 or x.shape[-1] % 2:
+        raise ValueError(f"sk.ops.{op}: x's last dimension must be even ([gate, up] halves); got x {tuple(x.shape)}")
+    if out is None:
+        return _act_and_mul_op(x, activation)
+    check_float(op, "out", out)
+    check_same_device(op, ("x", "out"), (x, out))
+    if tuple(out.shape) != _out_shape(x) or out.dtype != x.dtype:
+        raise ValueError(
+            f"sk.ops.{op}: out must have shape {_out_shape(x)} and dtype {x.dtype}; "
+            f"got {tuple(out.shape)} {out.dtype}"
+        )
+    _act_and_mul_out_op(out, x, activation)
+    return out
+
+
+def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = silu(x[..., :d]) · x[..., d:] with d = x.shape[-1] / 2; written into `out` when given."""
+    return _act_and_mul("silu_and_mul", x, "silu", out)
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none", out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = gelu(x[..., :d]) · x[..., d:], exact (erf) GELU or approximate="tanh"; written into `out` when given."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"sk.ops.gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _act_and_mul("gelu_and_mul", x, "gelu_tanh" if approximate == "tanh" else "gelu", out)

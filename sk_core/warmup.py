@@ -1,0 +1,43 @@
+"""Compile the Triton specializations an engine will need before it captures CUDA graphs.
+
+The kernels do not specialize on the number of rows, so one call per (width, dtype, device) compiles what
+every batch size will use; capture then launches only compiled kernels.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from sk import ops
+
+
+def warmup(
+    hidden_sizes: Iterable[int] = (),
+    intermediate_sizes: Iterable[int] = (),
+    *,
+    dtypes: Iterable[torch.dtype] = (torch.bfloat16,),
+    device: str | torch.device = "cuda",
+) -> int:
+    """Run every norm at each hidden size and every gated activation at each intermediate size once.
+
+    Returns the number of op calls made. Call it before `torch.cuda.graph` capture.
+    """
+    calls = 0
+    for dtype in dtypes:
+        for n in hidden_sizes:
+            x = torch.randn(2, n, dtype=dtype, device=device)
+            w = torch.randn(n, dtype=dtype, device=device)
+            ops.rms_norm(x, w)
+            ops.gemma_rms_norm(x, w)
+            ops.fused_add_rms_norm(x, x.clone(), w)
+            ops.fused_add_rms_norm_(x.clone(), x.clone(), w)
+            ops.gemma_fused_add_rms_norm_(x.clone(), x.clone(), w)
+            calls += 5
+        for d in intermediate_sizes:
+            x = torch.randn(2, 2 * d, dtype=dtype, device=device)
+            ops.silu_and_mul(x)
+            ops.gelu_and_mul(x)
+            ops.gelu_and_mul(x, approximate="tanh")
+            calls += 3
+    return calls

@@ -1,0 +1,133 @@
+"""Gated activations: reference against fp64 math, kernel against the reference, `out=`, edge cases."""
+import math
+
+import pytest
+import torch
+
+import sk
+from numerics import DTYPES, KERNEL_DEVICE, ODD_WIDTHS, REAL_WIDTHS, TOLERANCE, poisoned_like, rel_err
+from sk.ops.act_and_mul import act_and_mul_reference
+
+WIDTHS = ODD_WIDTHS + ([14336] if REAL_WIDTHS else [])
+ACTIVATIONS = {
+    "silu": lambda x: sk.ops.silu_and_mul(x),
+    "gelu": lambda x: sk.ops.gelu_and_mul(x),
+    "gelu_tanh": lambda x: sk.ops.gelu_and_mul(x, approximate="tanh"),
+}
+
+
+def fp64_act_and_mul(x, activation):
+    x = x.double()
+    d = x.shape[-1] // 2
+    g, u = x[..., :d], x[..., d:]
+    if activation == "silu":
+        a = g / (1 + torch.exp(-g))
+    elif activation == "gelu":
+        a = 0.5 * g * (1 + torch.special.erf(g / math.sqrt(2)))
+    else:
+        a = 0.5 * g * (1 + torch.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
+    return a * u
+
+
+def inputs(lead, d, dtype, device=KERNEL_DEVICE):
+    g = torch.Generator().manual_seed(hash((lead, d, str(dtype))) % 2**31)
+    return (2 * torch.randn(*lead, 2 * d, generator=g)).to(device, dtype)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reference_matches_fp64_math(activation, dtype):
+    x = inputs((5,), 1023, dtype, "cpu")
+    assert rel_err(act_and_mul_reference(x, activation), fp64_act_and_mul(x, activation)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", WIDTHS)
+@pytest.mark.parametrize("lead", [(1,), (3,), (2, 5)])
+def test_kernel_matches_reference(lead, d, dtype, activation):
+    x = inputs(lead, d, dtype)
+    with sk.coverage.strict():
+        y = ACTIVATIONS[activation](x)
+    assert y.shape == (*lead, d) and y.dtype == dtype
+    assert rel_err(y, fp64_act_and_mul(x, activation)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_out_argument_is_written_and_returned(dtype):
+    x = inputs((7,), 1023, dtype)
+    out = poisoned_like(x[..., :1023])
+    with sk.coverage.strict():
+        got = sk.ops.gelu_and_mul(x, approximate="tanh", out=out)
+    assert got is out and torch.isfinite(out).all()
+    assert rel_err(out, fp64_act_and_mul(x, "gelu_tanh")) < TOLERANCE[dtype]
+
+
+def test_non_contiguous_input_and_out():
+    base = inputs((6,), 2 * 1023, torch.float32)
+    x = base[::2, : 2 * 1023]  # row stride 4 * 1023: unit-stride rows, not the width
+    out = poisoned_like(base)[::2, :1023]
+    with sk.coverage.strict():
+        sk.ops.silu_and_mul(x, out=out)
+        y_t = sk.ops.silu_and_mul(x.t().contiguous().t())  # column-major input
+    expected = fp64_act_and_mul(x, "silu")
+    assert rel_err(out, expected) < TOLERANCE[torch.float32]
+    assert rel_err(y_t, expected) < TOLERANCE[torch.float32]
+
+
+def test_empty_batch():
+    x = inputs((0,), 64, torch.float32)
+    with sk.coverage.strict():
+        assert sk.ops.silu_and_mul(x).shape == (0, 64)
+        assert sk.ops.gelu_and_mul(x, out=x.new_empty(0, 64)).shape == (0, 64)
+
+
+def test_gradients_match_reference():
+    x = inputs((3,), 64, torch.float32).requires_grad_(True)
+    sk.ops.gelu_and_mul(x).sum().backward()
+    got = x.grad.clone()
+    x.grad = None
+    fp64_act_and_mul(x, "gelu").sum().backward()
+    assert rel_err(got, x.grad) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda x: sk.ops.silu_and_mul(x[..., :-1]), r"last dimension must be even.*\(4, 2045\)"),
+        (lambda x: sk.ops.gelu_and_mul(x, approximate="fast"), r"approximate must be 'none' or 'tanh', got 'fast'"),
+        (lambda x: sk.ops.silu_and_mul(x, out=x), r"out must have shape \(4, 1023\) and dtype torch.float32; got \(4, 2046\)"),
+        (lambda x: sk.ops.silu_and_mul(x, out=x[:, :1023].half()), r"out must have shape .* got \(4, 1023\) torch.float16"),
+        (lambda x: sk.ops.silu_and_mul(x.int()), r"x has dtype torch.int32"),
+    ],
+)
+def test_bad_arguments_are_named(call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(inputs((4,), 1023, torch.float32, "cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_cuda_graph_replay_with_new_inputs(activation):
+    static_x = inputs((16,), 14336, torch.bfloat16, "cuda")
+    out = torch.empty(16, 14336, dtype=torch.bfloat16, device="cuda")
+    sk.warmup(intermediate_sizes=[14336])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = ACTIVATIONS[activation](static_x)
+        sk.ops.silu_and_mul(static_x, out=out)
+    for scale in (0.5, 1.0, 3.0):
+        x = inputs((16,), 14336, torch.bfloat16, "cuda") * scale
+        static_x.copy_(x)
+        graph.replay()
+        assert rel_err(y, fp64_act_and_mul(x, activation)) < TOLERANCE[torch.bfloat16]
+        assert rel_err(out, fp64_act_and_mul(x, "silu")) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.gpu
+def test_torch_compile_inductor_on_gpu():
+    x = inputs((33,), 14336, torch.bfloat16, "cuda")
+    w = torch.randn(14336, device="cuda", dtype=torch.bfloat16)
+    fn = torch.compile(lambda x: sk.ops.rms_norm(sk.ops.gelu_and_mul(x, approximate="tanh"), w), fullgraph=True)
+    with sk.coverage.strict():
+        assert torch.equal(fn(x), sk.ops.rms_norm(sk.ops.gelu_and_mul(x, approximate="tanh"), w))

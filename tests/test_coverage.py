@@ -1,0 +1,116 @@
+"""Dispatch decisions and their reasons, strict mode, and the coverage report."""
+import asyncio
+import json
+import threading
+
+import pytest
+import torch
+
+import sk
+from sk import coverage
+from numerics import KERNEL_DEVICE
+from sk.ops.rms_norm import rms_norm_reference
+
+
+@pytest.fixture
+def no_interpreter(monkeypatch):
+    """CPU tensors as on a user's machine: no Triton interpreter, so every CPU call falls back."""
+    monkeypatch.setattr(coverage, "TRITON_INTERPRET", False)
+
+
+def last_fallback():
+    return sk.coverage.report()["fallbacks"][-1]
+
+
+def test_cpu_tensor_falls_back_with_reason_and_correct_result(no_interpreter):
+    x, w = torch.randn(3, 8), torch.randn(8)
+    y = sk.ops.rms_norm(x, w)
+    assert torch.equal(y, rms_norm_reference(x, w, 1e-6))
+    miss = last_fallback()
+    assert miss["op"] == "rms_norm" and miss["reason"].startswith("CPU tensor")
+    assert miss["shapes"] == [[3, 8], [8]] and miss["dtypes"] == ["fp32", "fp32"] and miss["device"] == "cpu"
+    assert miss["count"] == 1 and sk.coverage.report()["kernel_calls"] == {}
+
+
+def test_uncovered_dtype_falls_back():
+    x = torch.randn(2, 16, dtype=torch.float64, device=KERNEL_DEVICE)
+    sk.ops.silu_and_mul(x)
+    assert last_fallback()["reason"] == "dtype fp64 is not covered (bf16, fp16, fp32)"
+
+
+def test_shape_outside_limits_falls_back():
+    limit = sk.coverage.table()["rms_norm"].limits["max_hidden"]
+    x, w = torch.randn(1, limit + 1, device=KERNEL_DEVICE), torch.ones(limit + 1, device=KERNEL_DEVICE)
+    y = sk.ops.rms_norm(x, w)
+    assert torch.isfinite(y).all()
+    assert last_fallback()["reason"] == f"hidden size {limit + 1} exceeds the covered maximum {limit}"
+
+
+def test_repeated_misses_are_counted_once_per_kind(no_interpreter):
+    for _ in range(3):
+        sk.ops.gelu_and_mul(torch.randn(2, 8))
+    sk.ops.gelu_and_mul(torch.randn(4, 8))
+    counts = sorted((f["shapes"][0][0], f["count"]) for f in sk.coverage.report()["fallbacks"])
+    assert counts == [(2, 3), (4, 1)]
+
+
+def test_kernel_calls_are_counted():
+    x = torch.randn(2, 8, device=KERNEL_DEVICE)
+    sk.ops.silu_and_mul(x)
+    sk.ops.gelu_and_mul(x)
+    assert sk.coverage.report()["kernel_calls"] == {"silu_and_mul": 1, "gelu_and_mul": 1}
+
+
+def test_strict_raises_naming_op_shapes_dtypes_and_reason(no_interpreter):
+    x, r, w = torch.randn(3, 8), torch.randn(3, 8), torch.randn(8)
+    with sk.coverage.strict(), pytest.raises(sk.CoverageError) as err:
+        sk.ops.fused_add_rms_norm(x, r, w)
+    text = str(err.value)
+    for part in ("sk.ops.fused_add_rms_norm", "CPU tensor", "[(3, 8), (3, 8), (8,)]", "['fp32', 'fp32', 'fp32']"):
+        assert part in text
+    assert sk.coverage.report()["fallbacks"] == []  # an error, not a silent fallback
+    sk.ops.fused_add_rms_norm(x, r, w)  # strict ends with its block
+
+
+def test_strict_is_per_thread_and_per_task(no_interpreter):
+    seen = {}
+
+    def other_thread():
+        sk.ops.rms_norm(torch.randn(1, 4), torch.ones(4))  # must not raise: strict is not inherited
+        seen["thread"] = True
+
+    with sk.coverage.strict():
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+
+        async def in_task(enabled):
+            with sk.coverage.strict(enabled):
+                await asyncio.sleep(0)
+                return sk.coverage.is_strict()
+
+        async def both():
+            return await asyncio.gather(in_task(False), in_task(True))
+
+        assert asyncio.run(both()) == [False, True]
+        assert sk.coverage.is_strict()
+    assert seen == {"thread": True} and not sk.coverage.is_strict()
+
+
+def test_write_report_and_merge(tmp_path, no_interpreter):
+    sk.ops.rms_norm(torch.randn(2, 4), torch.ones(4))
+    path = tmp_path / "standardkernels-coverage.json"
+    written = sk.coverage.write_report(path)
+    loaded = json.loads(path.read_text())
+    assert loaded == written
+    assert loaded["schema"] == "standardkernels.coverage/1"
+    assert loaded["versions"]["torch"] == torch.__version__
+    assert loaded["fallbacks"][0]["op"] == "rms_norm"
+    merged = sk.coverage.merge_reports([loaded, loaded])
+    assert merged["fallbacks"][0]["count"] == 2 and len(merged["processes"]) == 2
+
+
+def test_every_table_entry_has_an_op():
+    for name in sk.coverage.table():
+        base = name.removeprefix("gemma_")
+        assert hasattr(sk.ops, base) or hasattr(sk.ops, name), name
