@@ -21,16 +21,16 @@ def sweep_norm(rows, n, residual, dtype=torch.bfloat16):
     r, y, w = torch.randn_like(x), torch.empty_like(x), torch.randn(n, device="cuda", dtype=dtype)
     block_n = triton.next_power_of_2(n)
     results = {}
-    for block_m, warps in itertools.product((1, 2, 4), (4, 8, 16)):
+    for rows_per_program, warps in itertools.product((1, 2, 4), (4, 8, 16)):
         def launch():
-            _rms_norm_kernel[(triton.cdiv(rows, block_m),)](
+            _rms_norm_kernel[(triton.cdiv(rows, rows_per_program),)](
                 x, n, r, n, w, y, n, r, n, rows, n, 1e-6, 0.0,
-                HAS_RESIDUAL=residual, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
-        results[f"BLOCK_M={block_m} warps={warps}"] = graph_time_us(launch)
+                HAS_RESIDUAL=residual, ROWS_PER_PROGRAM=rows_per_program, BLOCK_N=block_n, num_warps=warps)
+        results[f"ROWS_PER_PROGRAM={rows_per_program} warps={warps}"] = graph_time_us(launch)
     return results
 
 
-def sweep_act(rows, width, dtype=torch.bfloat16):
+def sweep_act(rows, width, act, dtype=torch.bfloat16):
     d = width // 2
     x = torch.randn(rows, width, device="cuda", dtype=dtype)
     y = torch.empty(rows, d, device="cuda", dtype=dtype)
@@ -40,7 +40,7 @@ def sweep_act(rows, width, dtype=torch.bfloat16):
             continue
         def launch():
             _act_and_mul_kernel[(rows, triton.cdiv(d, block))](
-                x, width, y, d, rows, d, ACT="gelu_tanh", BLOCK=block, num_warps=warps)
+                x, width, y, d, rows, d, ACT=act, BLOCK=block, num_warps=warps)
         results[f"BLOCK={block} warps={warps}"] = graph_time_us(launch)
     return results
 
@@ -48,8 +48,8 @@ def sweep_act(rows, width, dtype=torch.bfloat16):
 def main(out_dir):
     cases = {f"rms_norm residual={res} M={rows} N=4096": (sweep_norm, rows, 4096, res)
              for rows in (32, 256, 4096, 32768) for res in (False, True)}
-    cases.update({f"gelu_tanh_and_mul M={rows} N=28672": (sweep_act, rows, 28672)
-                  for rows in (1, 256, 4096, 16384)})
+    cases.update({f"{act}_and_mul M={rows} N=28672": (sweep_act, rows, 28672, act)
+                  for rows in (1, 256, 4096, 16384) for act in ("gelu_tanh", "gelu")})
     report = {}
     pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
     for case, (sweep, *args) in cases.items():

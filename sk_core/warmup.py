@@ -1,7 +1,8 @@
 """Compile the Triton specializations an engine will need before it captures CUDA graphs.
 
-The kernels do not specialize on the number of rows, so one call per (width, dtype, device) compiles what
-every batch size will use; capture then launches only compiled kernels.
+The kernels do not specialize on the number of rows; the gated activations pick a block size for small and
+for large problems, so each width is run at one row and at a size past that threshold. Capture then launches
+only compiled kernels.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Iterable
 import torch
 
 from sk import ops
+from sk.ops.act_and_mul import SMALL_PROBLEM
 
 
 def warmup(
@@ -35,9 +37,10 @@ def warmup(
             ops.gemma_fused_add_rms_norm_(x.clone(), x.clone(), w)
             calls += 5
         for d in intermediate_sizes:
-            x = torch.randn(2, 2 * d, dtype=dtype, device=device)
-            ops.silu_and_mul(x)
-            ops.gelu_and_mul(x)
-            ops.gelu_and_mul(x, approximate="tanh")
-            calls += 3
+            for rows in (1, SMALL_PROBLEM // d + 1):
+                x = torch.randn(rows, 2 * d, dtype=dtype, device=device)
+                ops.silu_and_mul(x)
+                ops.gelu_and_mul(x)
+                ops.gelu_and_mul(x, approximate="tanh")
+                calls += 3
     return calls

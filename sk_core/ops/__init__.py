@@ -1,5 +1,6 @@
 """Standard Kernels ops: plain functions, one fused kernel call each, with the PyTorch reference as fallback."""
 from sk.ops.act_and_mul import gelu_and_mul, silu_and_mul
+from sk.ops.fused_pre_norm_geglu import fused_pre_norm_geglu
 from sk.ops.rms_norm import (
     fused_add_rms_norm,
     fused_add_rms_norm_,
@@ -13,4 +14,5 @@ __all__ = [
     "rms_norm", "gemma_rms_norm",
     "fused_add_rms_norm", "fused_add_rms_norm_", "gemma_fused_add_rms_norm", "gemma_fused_add_rms_norm_",
     "silu_and_mul", "gelu_and_mul",
+    "fused_pre_norm_geglu",
 ]

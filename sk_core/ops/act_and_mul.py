@@ -39,8 +39,9 @@ def _act_and_mul_kernel(x_ptr, x_stride, y_ptr, y_stride, n_rows, d, ACT: tl.con
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
-    g = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(x_ptr + row * x_stride + d + cols, mask=mask, other=0.0).to(tl.float32)
+    # Each input element is read once: evict it first so that the writes keep L2.
+    g = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    u = tl.load(x_ptr + row * x_stride + d + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     if ACT == "silu":
         a = g * tl.sigmoid(g)
     elif ACT == "gelu":
@@ -52,9 +53,14 @@ def _act_and_mul_kernel(x_ptr, x_stride, y_ptr, y_stride, n_rows, d, ACT: tl.con
     tl.store(y_ptr + row * y_stride + cols, (a * u).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch_config(d: int) -> tuple[int, int]:
+# Below this many outputs a launch has too few programs to fill the GPU with 2048-wide blocks (decode-sized
+# batches): smaller blocks spread it over more SMs. Swept on an H200 (benchmarks/tune_launch.py).
+SMALL_PROBLEM = 1 << 20
+
+
+def launch_config(n_rows: int, d: int) -> tuple[int, int]:
     """(BLOCK, num_warps): 8 contiguous elements per thread (16-byte bf16 accesses)."""
-    block = min(2048, triton.next_power_of_2(d))
+    block = min(512 if n_rows * d <= SMALL_PROBLEM else 2048, triton.next_power_of_2(d))
     return block, max(1, min(8, block // 256))
 
 
@@ -62,7 +68,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, activation: str) -> None:
     n_rows, d = y2.shape
     if n_rows == 0 or d == 0:
         return
-    block, num_warps = _launch_config(d)
+    block, num_warps = launch_config(n_rows, d)
     _act_and_mul_kernel[(n_rows, triton.cdiv(d, block))](
         x2, x2.stride(0), y2, y2.stride(0), n_rows, d, ACT=activation, BLOCK=block, num_warps=num_warps
     )

@@ -1,0 +1,584 @@
+"""The pre-norm GEGLU feed-forward block as one op: y = x + down(gelu(gate(LN(x))) · up(LN(x))).
+
+Three Triton kernels in the forward:
+  1. `_ln_stats_kernel`: per-row mean and 1/std of x in fp32 (8 bytes a row; in training also the normalized
+     activation, which the backward needs anyway).
+  2. `_gate_up_kernel`: one GEMM for gate and up together. Its prologue normalizes each x tile in registers
+     (so the normalized activation never goes through memory), its epilogue adds the biases and writes
+     gelu(g) · u. Each program owns the same columns of gate and up, sharing the x tile between both.
+  3. `_down_kernel`: h @ down_weightᵀ with bias and residual in the epilogue. When the output has too few tiles
+     to fill the GPU (decode), K is split across programs that add fp32 partials atomically; the last
+     program to finish a tile (counted with an atomic) applies the epilogue.
+Matrix products take operands in the activation dtype (bf16/fp16) and accumulate in fp32; LayerNorm reads
+its scale and shift in their own precision (the FP32 masters) and rounds the normalized activation once to
+the activation dtype, as eager's LayerNorm output is. Higher-precision projection weights are cast to the
+activation dtype once and cached until they change (`compute_weight`).
+
+Backward: one Triton kernel for the GEGLU derivative (and h, recomputed rather than stored); dgrad and
+wgrad are cuBLAS GEMMs; the LayerNorm backward is PyTorch's fused one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from sk import coverage
+from sk.ops._common import check_float, check_same_device
+
+OP = "fused_pre_norm_geglu"
+_SQRT_HALF = tl.constexpr(0.7071067811865476)  # globals a Triton kernel reads must be constexpr
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
+
+
+# ----------------------------------------------------------------------------------------------- kernels
+
+@triton.jit
+def _gelu_and_grad(g, APPROX_TANH: tl.constexpr):
+    """gelu(g) and its derivative, in fp32."""
+    if APPROX_TANH:
+        inner = _SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
+        t = 2.0 * tl.sigmoid(2.0 * inner) - 1.0  # tanh via sigmoid: exact in fp32, and in the interpreter
+        act = 0.5 * g * (1.0 + t)
+        grad = 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * g * g)
+    else:
+        cdf = 0.5 * (1.0 + tl.math.erf(g * _SQRT_HALF))
+        act = g * cdf
+        grad = cdf + g * _INV_SQRT_2PI * tl.exp(-0.5 * g * g)
+    return act, grad
+
+
+@triton.jit
+def _tile_coords(pid, num_m, num_n, GROUP_M: tl.constexpr):
+    """Grouped ordering: GROUP_M row tiles walk the columns together, so their operands stay in L2."""
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    return first_m + (pid % width) % size_m, (pid % width) // size_m
+
+
+@triton.jit(do_not_specialize=["n_rows", "eps"])
+def _ln_stats_kernel(
+    x_ptr, stats_ptr, ln_w_ptr, ln_b_ptr, xn_ptr, n_rows, d, eps,
+    D_ALIGN: tl.constexpr, HAS_LN_BIAS: tl.constexpr, STORE_XN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # stats is [2, n_rows] fp32: mean, then 1/std. A whole row sits in registers: two exact passes.
+    row_stride = d // D_ALIGN * D_ALIGN  # == d, written so the compiler knows its alignment (wide loads)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)[None, :]
+    row_ok = rows < n_rows
+    mask = row_ok[:, None] & (cols < d)
+    offs = rows.to(tl.int64)[:, None] * row_stride + cols
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / d
+    centered = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = tl.rsqrt(tl.sum(centered * centered, axis=1) / d + eps)
+    tl.store(stats_ptr + rows, mean, mask=row_ok)
+    tl.store(stats_ptr + n_rows + rows, rstd, mask=row_ok)
+    if STORE_XN:
+        xn = centered * rstd[:, None] * tl.load(ln_w_ptr + cols, mask=cols < d, other=0.0).to(tl.float32)
+        if HAS_LN_BIAS:
+            xn += tl.load(ln_b_ptr + cols, mask=cols < d, other=0.0).to(tl.float32)
+        tl.store(xn_ptr + offs, xn.to(xn_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _gate_up_kernel(
+    x_desc, stats_ptr, ln_w_ptr, ln_b_ptr, wg_desc, wu_desc, bg_ptr, bu_ptr, h_ptr, gu_ptr,
+    n_rows, d, ff,
+    FF_ALIGN: tl.constexpr, K_BLOCKS: tl.constexpr,
+    HAS_LN_BIAS: tl.constexpr, HAS_GATE_BIAS: tl.constexpr, HAS_UP_BIAS: tl.constexpr,
+    STORE_PREACT: tl.constexpr, APPROX_TANH: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # Operand tiles arrive through TMA descriptors, which zero-fill past the edges: rows past n_rows and
+    # columns past d_ff are never stored, and k past d_model meets zero weights, so the loop needs no masks.
+    ff_stride = ff // FF_ALIGN * FF_ALIGN  # == ff, written so the compiler knows its alignment (wide stores)
+    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.cdiv(ff, BLOCK_N), GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = offs_m < n_rows
+    mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)[:, None]
+    rstd = tl.load(stats_ptr + n_rows + offs_m, mask=row_ok, other=0.0)[:, None]
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # Loop counts are compile-time (d_model and d_ff are model constants; a run-time bound breaks Triton's
+    # interpreter under NumPy >= 2.4), kept rolled: unrolled, the loop would spill registers.
+    for k in tl.range(K_BLOCKS, loop_unroll_factor=1):
+        k_offs = k * BLOCK_K + tl.arange(0, BLOCK_K)
+        x = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+        wg = wg_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
+        wu = wu_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
+        k_ok = k_offs < d  # the zero-filled k past d_model get zero scale and shift, so xn = 0 there
+        ln_w = tl.load(ln_w_ptr + k_offs, mask=k_ok, other=0.0)
+        xn = (x.to(tl.float32) - mean) * rstd * ln_w.to(tl.float32)[None, :]
+        if HAS_LN_BIAS:
+            xn += tl.load(ln_b_ptr + k_offs, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        a = xn.to(wg.dtype)  # rounded once to the compute dtype, as eager's LayerNorm output is
+        acc_g = tl.dot(a, wg.T, acc_g)
+        acc_u = tl.dot(a, wu.T, acc_u)
+    col_ok = offs_n < ff
+    if HAS_GATE_BIAS:
+        acc_g += tl.load(bg_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_UP_BIAS:
+        acc_u += tl.load(bu_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    act, _ = _gelu_and_grad(acc_g, APPROX_TANH)
+    out_rows = offs_m.to(tl.int64)[:, None]
+    out_cols = offs_n[None, :]
+    mask = row_ok[:, None] & col_ok[None, :]
+    tl.store(h_ptr + out_rows * ff_stride + out_cols, (act * acc_u).to(h_ptr.dtype.element_ty), mask=mask)
+    if STORE_PREACT:  # gate and up pre-activations, [g | u] per row, for the backward
+        gu_ptrs = gu_ptr + out_rows * (2 * ff_stride) + out_cols
+        tl.store(gu_ptrs, acc_g.to(gu_ptr.dtype.element_ty), mask=mask)
+        tl.store(gu_ptrs + ff_stride, acc_u.to(gu_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _down_kernel(
+    h_desc, wd_desc, bd_ptr, x_desc, y_desc, partial_ptr, arrivals_ptr,
+    n_rows, d,
+    K_BLOCKS_PER_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # TMA zero-fills past every edge, K included (a split whose blocks run past d_ff adds zeros), and clips
+    # the stores: no masks, and no per-element addresses held in registers through the epilogue.
+    tile = tl.program_id(0)
+    pid_m, pid_n = _tile_coords(tile, tl.cdiv(n_rows, BLOCK_M), tl.cdiv(d, BLOCK_N), GROUP_M)
+    k_first = tl.program_id(1) * K_BLOCKS_PER_SPLIT
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(K_BLOCKS_PER_SPLIT, loop_unroll_factor=1):
+        a = h_desc.load([pid_m * BLOCK_M, (k_first + k) * BLOCK_K])
+        b = wd_desc.load([pid_n * BLOCK_N, (k_first + k) * BLOCK_K])
+        acc = tl.dot(a, b.T, acc)
+    if SPLIT_K > 1:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (offs_m < n_rows)[:, None] & (offs_n < d)[None, :]
+        partial_ptrs = partial_ptr + offs_m[:, None] * d + offs_n[None, :]  # int32: split only for few rows
+        tl.atomic_add(partial_ptrs, acc, mask=mask, sem="relaxed")
+        tl.debug_barrier()  # every thread's partial is in before the tile's arrival is counted
+        arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:  # the last split of this tile: the sum is complete
+            acc = tl.load(partial_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+            _down_epilogue(acc, bd_ptr, x_desc, y_desc, pid_m, pid_n, d, HAS_BIAS, BLOCK_M, BLOCK_N)
+    else:
+        _down_epilogue(acc, bd_ptr, x_desc, y_desc, pid_m, pid_n, d, HAS_BIAS, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _down_epilogue(acc, bd_ptr, x_desc, y_desc, pid_m, pid_n, d, HAS_BIAS: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    if HAS_BIAS:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc += tl.load(bd_ptr + offs_n, mask=offs_n < d, other=0.0).to(tl.float32)[None, :]
+    acc += x_desc.load([pid_m * BLOCK_M, pid_n * BLOCK_N]).to(tl.float32)
+    y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y_desc.dtype))
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _geglu_backward_kernel(
+    dh_ptr, gu_ptr, dgu_ptr, h_ptr, n_rows, ff, FF_ALIGN: tl.constexpr, APPROX_TANH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # dg = dh · u · gelu'(g), du = dh · gelu(g), and h = gelu(g) · u recomputed for the down wgrad.
+    ff_stride = ff // FF_ALIGN * FF_ALIGN
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < ff
+    dh = tl.load(dh_ptr + row * ff_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(gu_ptr + row * 2 * ff_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * 2 * ff_stride + ff_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    act, grad = _gelu_and_grad(g, APPROX_TANH)
+    dtype = dgu_ptr.dtype.element_ty
+    tl.store(dgu_ptr + row * 2 * ff_stride + cols, (dh * u * grad).to(dtype), mask=mask)
+    tl.store(dgu_ptr + row * 2 * ff_stride + ff_stride + cols, (dh * act).to(dtype), mask=mask)
+    tl.store(h_ptr + row * ff_stride + cols, (act * u).to(h_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------- launch configs
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """Tile shape and pipelining of one GEMM kernel; split_k > 1 only for the down projection."""
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+    split_k: int = 1
+
+    def fitted(self, m: int, n: int, k: int) -> "GemmConfig":
+        """The same config with blocks no larger than the problem (16 is tl.dot's smallest side)."""
+        def fit(block, size):
+            return min(block, max(16, triton.next_power_of_2(size)))
+        return dataclasses.replace(self, block_m=fit(self.block_m, m), block_n=fit(self.block_n, n),
+                                   block_k=fit(self.block_k, k))
+
+
+# Chosen per shape class from the sweep on the H200 (benchmarks/bench_geglu.py --sweep); no autotuning at call
+# time, so every call (and CUDA-graph capture) launches an already-chosen kernel. Decode splits the down
+# projection's K so that its few output tiles still spread over the GPU.
+GATE_UP_CONFIGS = {
+    "decode": GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4),
+    "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3),
+    "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
+}
+DOWN_CONFIGS = {
+    "decode": GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4),
+    "small": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3),
+    "large": GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
+}
+
+
+def shape_class(m: int, d: int, ff: int) -> str:
+    if m <= 64:
+        return "decode"
+    return "small" if m * d * ff < 2**33 else "large"
+
+
+def choose_configs(m: int, d: int, ff: int) -> tuple[GemmConfig, GemmConfig]:
+    """(gate_up, down) configs for this shape: its class's, with blocks no larger than the problem and K split
+    no finer than 4 blocks per split."""
+    cls = shape_class(m, d, ff)
+    down = DOWN_CONFIGS[cls].fitted(m, d, ff)
+    split = max(1, min(down.split_k, triton.cdiv(ff, down.block_k) // 4))
+    return GATE_UP_CONFIGS[cls].fitted(m, ff, d), dataclasses.replace(down, split_k=split)
+
+
+TMA_ALIGN = 8  # elements: the GEMM operands' rows must start on 16-byte boundaries for TMA
+
+
+def _align(n: int) -> int:
+    """The largest power of two up to 16 dividing n: the row alignment the kernels may assume."""
+    return min(16, n & -n)
+
+
+# ----------------------------------------------------------------------------------------------- weight copies
+
+_weight_copies: dict = {}
+
+
+def compute_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`weight` as a contiguous `dtype` tensor for the projections, cast once and cached until it changes.
+
+    The cache entry is checked against the source's identity, storage and version counter, which every
+    in-place update (an optimizer step, `copy_`, `load_state_dict`) advances, so a copy is never stale and
+    never re-cast while unchanged. Writes through `.data` bypass the version counter: assign or `copy_`.
+    """
+    if weight.dtype == dtype and weight.is_contiguous():
+        return weight
+    if (type(weight) not in (torch.Tensor, torch.nn.Parameter) or weight.is_inference()
+            or (weight.is_cuda and torch.cuda.is_current_stream_capturing())):
+        # Traced (fake) tensors, inference tensors (no version counter) and graph capture (the copy would
+        # live in the graph's pool) get a plain cast.
+        return weight.detach().to(dtype, memory_format=torch.contiguous_format)
+    key = (id(weight), dtype)
+    entry = _weight_copies.get(key)
+    if entry is not None:
+        ref, version, ptr, copy = entry
+        if ref() is weight and version == weight._version and ptr == weight.data_ptr():
+            return copy
+    else:
+        weakref.finalize(weight, _weight_copies.pop, key, None)
+    copy = weight.detach().to(dtype, memory_format=torch.contiguous_format)
+    _weight_copies[key] = (weakref.ref(weight), weight._version, weight.data_ptr(), copy)
+    return copy
+
+
+# ----------------------------------------------------------------------------------------------- launchers
+
+def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, save_for_backward,
+                     configs: tuple[GemmConfig, GemmConfig] | None = None):
+    """Run the three forward kernels. Returns (y, stats, xn, gu); xn and gu are empty unless saving."""
+    m, d = x2.shape
+    ff = wg.shape[0]
+    dtype, dev = x2.dtype, x2.device
+    y = torch.empty((m, d), dtype=dtype, device=dev)
+    stats = torch.empty((2, m), dtype=torch.float32, device=dev)
+    xn = torch.empty((m, d) if save_for_backward else 0, dtype=dtype, device=dev)
+    gu = torch.empty((m, 2 * ff) if save_for_backward else 0, dtype=dtype, device=dev)
+    if m == 0:
+        return y, stats, xn, gu
+    gate_up, down = configs or choose_configs(m, d, ff)
+    d_align, ff_align = _align(d), _align(ff)
+    approx_tanh = approximate == "tanh"
+
+    block_d = triton.next_power_of_2(d)
+    rows_per_program = max(1, min(16, 2048 // block_d))
+    _ln_stats_kernel[(triton.cdiv(m, rows_per_program),)](
+        x2, stats, ln_w, ln_b, xn, m, d, eps,
+        D_ALIGN=d_align, HAS_LN_BIAS=ln_b is not None, STORE_XN=save_for_backward,
+        BLOCK_M=rows_per_program, BLOCK_D=block_d, num_warps=min(16, max(1, rows_per_program * block_d // 512)),
+    )
+
+    h = torch.empty((m, ff), dtype=dtype, device=dev)
+    c = gate_up
+    _gate_up_kernel[(triton.cdiv(m, c.block_m) * triton.cdiv(ff, c.block_n),)](
+        TensorDescriptor.from_tensor(x2, [c.block_m, c.block_k]), stats, ln_w, ln_b,
+        TensorDescriptor.from_tensor(wg, [c.block_n, c.block_k]), TensorDescriptor.from_tensor(wu, [c.block_n, c.block_k]),
+        bg, bu, h, gu, m, d, ff,
+        FF_ALIGN=ff_align, K_BLOCKS=triton.cdiv(d, c.block_k),
+        HAS_LN_BIAS=ln_b is not None, HAS_GATE_BIAS=bg is not None, HAS_UP_BIAS=bu is not None,
+        STORE_PREACT=save_for_backward, APPROX_TANH=approx_tanh,
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )
+
+    c = down
+    tiles = triton.cdiv(m, c.block_m) * triton.cdiv(d, c.block_n)
+    if c.split_k > 1:
+        # fp32 partial sums, then one arrival counter per tile (int32 zero bits are fp32 zero bits).
+        scratch = torch.zeros(m * d + tiles, dtype=torch.float32, device=dev)
+        partial, arrivals = scratch[: m * d], scratch[m * d:].view(torch.int32)
+    else:
+        partial, arrivals = y, y
+    _down_kernel[(tiles, c.split_k)](
+        TensorDescriptor.from_tensor(h, [c.block_m, c.block_k]), TensorDescriptor.from_tensor(wd, [c.block_n, c.block_k]),
+        bd, TensorDescriptor.from_tensor(x2, [c.block_m, c.block_n]), TensorDescriptor.from_tensor(y, [c.block_m, c.block_n]),
+        partial, arrivals, m, d,
+        K_BLOCKS_PER_SPLIT=triton.cdiv(triton.cdiv(ff, c.block_k), c.split_k),
+        HAS_BIAS=bd is not None, SPLIT_K=c.split_k, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )
+    return y, stats, xn, gu
+
+
+@torch.library.custom_op("sk::fused_pre_norm_geglu_backward_act", mutates_args=())
+def _geglu_backward_op(dh: torch.Tensor, gu: torch.Tensor, d_model: int, approximate: str
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d[g | u], h) from the upstream gradient dh and the saved pre-activations [g | u].
+
+    A custom op of its own so that the backward traces (torch.compile) and decides kernel vs PyTorch per call.
+    """
+    m, ff = dh.shape
+    if not coverage.decide(OP, (dh, gu), shape_miss=_shape_miss(d_model, ff), backward=True):
+        acc_dtype = torch.promote_types(gu.dtype, torch.float32)
+        g, u = gu.to(acc_dtype).split(ff, dim=-1)
+        dhf = dh.to(acc_dtype)
+        act = torch.nn.functional.gelu(g, approximate=approximate)
+        dg = torch.ops.aten.gelu_backward(dhf * u, g, approximate=approximate)
+        return torch.cat([dg, dhf * act], dim=-1).to(dh.dtype), (act * u).to(dh.dtype)
+    dgu = torch.empty_like(gu)
+    h = torch.empty_like(dh)
+    if m:
+        block = min(2048, triton.next_power_of_2(ff))
+        _geglu_backward_kernel[(m, triton.cdiv(ff, block))](
+            dh, gu, dgu, h, m, ff, FF_ALIGN=_align(ff), APPROX_TANH=approximate == "tanh", BLOCK=block,
+            num_warps=max(1, min(8, block // 256)),
+        )
+    return dgu, h
+
+
+@_geglu_backward_op.register_fake
+def _(dh, gu, d_model, approximate):
+    return torch.empty_like(gu), torch.empty_like(dh)
+
+
+# ----------------------------------------------------------------------------------------------- reference
+
+def _reference_parts(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate):
+    """PyTorch computing what the kernels compute, with the same roundings: (y, stats, xn, gu).
+
+    The fallback, and (through `fused_pre_norm_geglu_reference`) the test oracle when run in fp64; it is
+    differentiable in every input.
+    """
+    dtype = x2.dtype
+    xf = x2 if dtype == torch.float64 else x2.float()
+    mean = xf.mean(-1, keepdim=True)
+    centered = xf - mean
+    rstd = torch.rsqrt(centered.pow(2).mean(-1, keepdim=True) + eps)
+    xn = centered * rstd * ln_w.to(xf.dtype)
+    if ln_b is not None:
+        xn = xn + ln_b.to(xf.dtype)
+    xn = xn.to(dtype)
+    biases = None if bg is None and bu is None else torch.cat([
+        bg if bg is not None else wg.new_zeros(wg.shape[0]), bu if bu is not None else wu.new_zeros(wu.shape[0])])
+    gu = torch.nn.functional.linear(
+        xn, torch.cat([wg, wu]).to(dtype), None if biases is None else biases.to(dtype))
+    g, u = gu.to(xf.dtype).chunk(2, dim=-1)
+    h = (torch.nn.functional.gelu(g, approximate=approximate) * u).to(dtype)
+    down = torch.nn.functional.linear(h, wd.to(dtype)).to(xf.dtype)
+    if bd is not None:
+        down = down + bd.to(xf.dtype)
+    y = (xf + down).to(dtype)
+    return y, torch.cat([mean, rstd], dim=-1).t().contiguous(), xn, gu
+
+
+def fused_pre_norm_geglu_reference(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias,
+                                   down_weight, down_bias, eps, approximate="none"):
+    """The PyTorch computation the op replaces: fallback, test oracle and benchmark baseline."""
+    x2 = x.reshape(-1, x.shape[-1])
+    y = _reference_parts(x2, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias,
+                         down_weight, down_bias, eps, approximate)[0]
+    return y.view(x.shape)
+
+
+# ----------------------------------------------------------------------------------------------- custom op
+
+def _shape_miss(d: int, ff: int) -> str | None:
+    limits = coverage.table()[OP].limits
+    if d % TMA_ALIGN or ff % TMA_ALIGN:  # TMA needs 16-byte row strides
+        return f"d_model {d} and d_ff {ff} must be multiples of {TMA_ALIGN}"
+    return (coverage.limit_miss("d_model", d, limits.get("max_d_model"))
+            or coverage.limit_miss("d_ff", ff, limits.get("max_d_ff")))
+
+
+@torch.library.custom_op("sk::fused_pre_norm_geglu", mutates_args=())
+def _fused_pre_norm_geglu_op(
+    x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: Optional[torch.Tensor],
+    gate_weight: torch.Tensor, gate_bias: Optional[torch.Tensor],
+    up_weight: torch.Tensor, up_bias: Optional[torch.Tensor],
+    down_weight: torch.Tensor, down_bias: Optional[torch.Tensor],
+    eps: float, approximate: str, save_for_backward: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x is 2-D and contiguous. Returns (y, [mean; rstd], normalized x, [g | u]); the last two are empty
+    unless saving for the backward (custom ops cannot return None)."""
+    m, d = x.shape
+    ff = gate_weight.shape[0]
+    tensors = (x, ln_weight, gate_weight, up_weight, down_weight)
+    if not coverage.decide(OP, tensors, shape_miss=_shape_miss(d, ff)):
+        y, stats, xn, gu = _reference_parts(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias,
+                                            down_weight, down_bias, eps, approximate)
+        return (y, stats) + ((xn, gu) if save_for_backward else (x.new_empty(0), x.new_empty(0)))
+    return _forward_kernels(
+        _tma_ready(x), ln_weight, ln_bias, _tma_ready(compute_weight(gate_weight, x.dtype)), gate_bias,
+        _tma_ready(compute_weight(up_weight, x.dtype)), up_bias, _tma_ready(compute_weight(down_weight, x.dtype)),
+        down_bias, eps, approximate, save_for_backward)
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself when it starts on a 16-byte boundary, as TMA requires; otherwise an aligned copy (rare: a
+    view starting mid-row)."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+@_fused_pre_norm_geglu_op.register_fake
+def _(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, eps,
+      approximate, save_for_backward):
+    m, d = x.shape
+    ff = gate_weight.shape[0]
+    stats_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    saved = (x.new_empty((m, d) if save_for_backward else 0), x.new_empty((m, 2 * ff) if save_for_backward else 0))
+    return (x.new_empty((m, d)), x.new_empty((2, m), dtype=stats_dtype), *saved)
+
+
+def _setup_context(ctx, inputs, output):
+    x, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, _ = inputs
+    _, stats, xn, gu = output
+    ctx.eps, ctx.approximate = eps, approximate
+    ctx.has_bias = [b is not None for b in (ln_b, bg, bu, bd)]
+    ctx.save_for_backward(x, ln_w, wg, wu, wd, stats, xn, gu)
+    ctx.bias_dtypes = [b.dtype if b is not None else None for b in (ln_b, bg, bu, bd)]
+    ctx.mark_non_differentiable(*output[1:])
+
+
+def _backward(ctx, dy, *_):
+    x, ln_w, wg, wu, wd, stats, xn, gu = ctx.saved_tensors
+    if xn.numel() != x.numel():
+        raise RuntimeError(f"sk.ops.{OP}: backward through a call made without autograd state; call it with "
+                           f"grad mode on and an input that requires grad")
+    m, d = x.shape
+    ff = wg.shape[0]
+    dtype = x.dtype
+    dy = dy.to(dtype).contiguous()
+    cwg, cwu, cwd = (compute_weight(w, dtype) for w in (wg, wu, wd))
+    need = ctx.needs_input_grad
+
+    dgu, h = _geglu_backward_op(dy @ cwd, gu, d, ctx.approximate)
+    dg, du = dgu[:, :ff], dgu[:, ff:]
+    dxn = dg @ cwg
+    dxn.addmm_(du, cwu)
+    stats_dtype = stats.dtype
+    dx_ln, d_ln_w, d_ln_b = torch.ops.aten.native_layer_norm_backward(
+        dxn.to(stats_dtype), x.to(stats_dtype), [d], stats[0].view(m, 1), stats[1].view(m, 1),
+        ln_w.to(stats_dtype), None, [need[0], need[1], False])
+    dx = (dx_ln + dy.to(stats_dtype)).to(dtype) if need[0] else None
+    d_ln_b = dxn.to(stats_dtype).sum(0) if need[2] else None  # aten skips the bias grad without a bias
+    d_gu_w = dgu.t() @ xn if need[3] or need[5] else None
+    d_gu_b = dgu.to(stats_dtype).sum(0) if need[4] or need[6] else None
+
+    def as_param(grad, like_index, dtype_of):
+        return None if grad is None or not need[like_index] else grad.to(dtype_of)
+
+    bias_dtype = ctx.bias_dtypes
+    return (
+        dx,
+        as_param(d_ln_w, 1, ln_w.dtype),
+        as_param(d_ln_b, 2, bias_dtype[0]),
+        as_param(None if d_gu_w is None else d_gu_w[:ff], 3, wg.dtype),
+        as_param(None if d_gu_b is None else d_gu_b[:ff], 4, bias_dtype[1]),
+        as_param(None if d_gu_w is None else d_gu_w[ff:], 5, wu.dtype),
+        as_param(None if d_gu_b is None else d_gu_b[ff:], 6, bias_dtype[2]),
+        as_param(dy.t() @ h if need[7] else None, 7, wd.dtype),
+        as_param(dy.to(stats_dtype).sum(0) if need[8] else None, 8, bias_dtype[3]),
+        None, None, None,
+    )
+
+
+_fused_pre_norm_geglu_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------- functional API
+
+def _check(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, eps,
+           approximate):
+    named = {"x": x, "ln_weight": ln_weight, "ln_bias": ln_bias, "gate_weight": gate_weight,
+             "gate_bias": gate_bias, "up_weight": up_weight, "up_bias": up_bias, "down_weight": down_weight,
+             "down_bias": down_bias}
+    present = {n: t for n, t in named.items() if t is not None or not n.endswith("bias")}  # biases may be None
+    for name, t in present.items():
+        check_float(OP, name, t)
+    check_same_device(OP, list(present), list(present.values()))
+    if x.dim() == 0:
+        raise ValueError(f"sk.ops.{OP}: x must have at least one dimension (..., d_model)")
+    if gate_weight.dim() != 2:
+        raise ValueError(f"sk.ops.{OP}: gate_weight must be (d_ff, d_model); got {tuple(gate_weight.shape)}")
+    d, ff = x.shape[-1], gate_weight.shape[0]
+    expected = {"ln_weight": (d,), "ln_bias": (d,), "gate_weight": (ff, d), "gate_bias": (ff,),
+                "up_weight": (ff, d), "up_bias": (ff,), "down_weight": (d, ff), "down_bias": (d,)}
+    wrong = [f"{n} {tuple(present[n].shape)} (expected {shape})" for n, shape in expected.items()
+             if n in present and tuple(present[n].shape) != shape]
+    if wrong:
+        raise ValueError(f"sk.ops.{OP}: with x {tuple(x.shape)} (d_model={d}) and d_ff={ff} from gate_weight, "
+                         f"these shapes do not fit: {'; '.join(wrong)}")
+    if not eps >= 0:
+        raise ValueError(f"sk.ops.{OP}: eps must be a non-negative float, got {eps!r}")
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"sk.ops.{OP}: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def fused_pre_norm_geglu(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor, ln_bias: torch.Tensor | None,
+    gate_weight: torch.Tensor, gate_bias: torch.Tensor | None,
+    up_weight: torch.Tensor, up_bias: torch.Tensor | None,
+    down_weight: torch.Tensor, down_bias: torch.Tensor | None,
+    eps: float = 1e-5,
+    approximate: str = "none",
+) -> torch.Tensor:
+    """x + down(gelu(gate(h)) · up(h)), h = layer_norm(x), over the last dimension of x (..., d_model).
+
+    Weights as torch.nn.Linear / LayerNorm store them: gate/up (d_ff, d_model), down (d_model, d_ff); any bias
+    may be None. GELU is exact (erf) by default, `approximate="tanh"` as in torch.nn.functional.gelu.
+    The kernel runs on bf16/fp16 inputs where the Kernel Coverage table says so: LayerNorm statistics in fp32,
+    projections on copies of the weights in the input's dtype, fp32 accumulation. Under autocast an fp32 input
+    is converted to the autocast dtype for this op; outside it, an fp32 input takes the recorded fallback.
+    """
+    _check(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, eps,
+           approximate)
+    device_type = x.device.type
+    if x.dtype == torch.float32 and torch.is_autocast_enabled(device_type):
+        x = x.to(torch.get_autocast_dtype(device_type))
+    weights = (ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias)
+    save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *weights))
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    y = _fused_pre_norm_geglu_op(x2, *weights, float(eps), approximate, save)[0]
+    return y.view(x.shape)

@@ -1,0 +1,43 @@
+"""`sk.warmup` compiles every op before capture; the benchmark report renders tables and plots from results."""
+import json
+
+import torch
+
+import sk
+from numerics import KERNEL_DEVICE
+from sk.bench import peers
+
+
+def test_warmup_runs_every_op_through_its_kernel():
+    with sk.coverage.strict():
+        calls = sk.warmup(hidden_sizes=[64], intermediate_sizes=[32], dtypes=[torch.float32], device=KERNEL_DEVICE)
+    counted = sk.coverage.report()["kernel_calls"]
+    assert calls == sum(counted.values()) == 11
+    assert set(counted) == {"rms_norm", "gemma_rms_norm", "fused_add_rms_norm", "gemma_fused_add_rms_norm",
+                            "silu_and_mul", "gelu_and_mul"}
+
+
+def test_selfcheck_command_passes(capsys):
+    from sk.cli import main
+
+    assert main(["selfcheck"]) == 0
+    assert "path taken: kernel" in capsys.readouterr().out
+
+
+def test_bench_report_renders_markdown_and_plot(tmp_path):
+    result = {
+        "environment": {"gpu": "NVIDIA H200", "arch": "sm90", "date": "2026-11-29", "torch": "2.11.0",
+                        "triton": "3.6.0", "cuda": "13.0"},
+        "copy_TBps": 4.27, "dtype": "torch.bfloat16",
+        "rows": [
+            {"op": "rms_norm", "M": m, "N": 4096, "bytes": 2 * m * 4096 * 2, "us": {"sk": 2.0 * m, "liger": 2.1 * m},
+             "sk_us": 2.0 * m, "sk_TBps": 1.0, "sk_pct_copy": 23.4, "floor_us": 1.0, "best_peer": "liger",
+             "best_peer_us": 2.1 * m, "sk_vs_best_peer": 1.05}
+            for m in (1, 32)
+        ],
+    }
+    text = peers.markdown(result)
+    assert "| rms_norm | 32 | 4096 | 64.00 | 67.20 |" in text and "1.05× (liger)" in text
+    peers.plot(result, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 1000
+    json.dumps(result)
