@@ -1,8 +1,13 @@
-"""The `sk` command: list the ops and their coverage, benchmark them against peers, check an install."""
+"""The `sk` command: the ops and their coverage, an install self-check, peer benchmarks, and the optimization
+workflow (workloads, capture, operator map, candidate stubs, kernel bench, end-to-end eval; sk.workflow).
+
+Bad input (unknown op, missing capture, malformed scenario, mismatched candidate) is a WorkflowError: its
+message is printed and the exit code is 2, without a traceback."""
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -13,6 +18,10 @@ console = Console(width=160)
 def cmd_list(args) -> int:
     from sk import coverage, ops
 
+    if args.workloads:
+        return list_workloads()
+    if args.map:
+        return list_map(args.map, Path(args.captures))
     if args.markdown:  # the README's table is this output (tests/test_coverage_table.py)
         print(coverage.markdown_table())
         return 0
@@ -59,8 +68,71 @@ def cmd_selfcheck(args) -> int:
     return 1 if failed else 0
 
 
+def list_workloads() -> int:
+    from sk.workflow.workloads import SPECS
+
+    table = Table(title="Workloads (use the token in a scenario's workloads: list)")
+    for column in ("Token", "Name", "Dataset", "Purpose", "Parameters"):
+        table.add_column(column)
+    for member, spec in SPECS.items():
+        table.add_row(member.token, member.value, spec.dataset, spec.purpose.value, spec.parameters())
+    console.print(table)
+    return 0
+
+
+def list_map(arch: str, capture_dir: Path) -> int:
+    from sk.workflow.capture import distinct_calls
+    from sk.workflow.operators import architecture
+
+    operators = architecture(arch)
+    captured = distinct_calls(capture_dir, arch)
+    table = Table(title=f"Operators of {arch} in vLLM, and Standard Kernels coverage")
+    columns = ("Operator", "vLLM class", "Standard Kernels", "Baseline / stub", f"Captured shapes ({capture_dir}/)")
+    for column in columns:
+        table.add_column(column)
+    for op in operators:
+        table.add_row(op.name, op.vllm_class, ", ".join(f"sk.ops.{o}" for o in op.sk_ops) or "[dim]not covered",
+                      "yes" if op.baseline else "[dim]no", str(captured.get(op.name, 0)) if captured else "-")
+    for name in sorted(set(captured) - {op.name for op in operators}):
+        table.add_row(name, "[yellow]captured, not in the built-in map", "", "", str(captured[name]))
+    console.print(table)
+    return 0
+
+
+def cmd_capture(args) -> int:
+    from sk.workflow import capture
+
+    for path in capture.run(args.scenario, Path(args.out), args.max_layers, args.max_requests):
+        console.print(f"wrote {path}")
+    return 0
+
+
+def cmd_create_stubs(args) -> int:
+    from sk.workflow import stubs
+
+    for op, outcome in stubs.create(args.architecture, Path(args.candidates), args.force).items():
+        console.print(f"{op:<28} {outcome}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from sk.workflow import evaluate
+
+    passed = evaluate.run(args.scenario, Path(args.out), enforce_eager=args.enforce_eager, max_layers=args.max_layers,
+                          max_requests=args.max_requests, candidates=args.candidates and Path(args.candidates),
+                          console=console)
+    return 0 if passed else 1
+
+
 def cmd_bench(args) -> int:
     import torch
+
+    if args.target:
+        from sk.workflow import kernel_bench
+
+        passed = kernel_bench.run(args.target, Path(args.captures), Path(args.candidates), args.self_test, console,
+                                  args.max_shapes)
+        return 0 if passed else 1
 
     if not torch.cuda.is_available():
         console.print("[red]sk bench --peers needs a CUDA GPU: its timings are CUDA-graph replays[/red]")
@@ -72,20 +144,65 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _engine_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", help="scenario YAML (e.g. scenarios/tiny.yaml); every row in it runs")
+    parser.add_argument("--max-layers", type=int, help="build the model with only this many layers (cheap loops)")
+    parser.add_argument("--max-requests", type=int, help="cap each throughput workload's request count")
+
+
 def main(argv: list[str] | None = None) -> int:
+    from sk.workflow.candidates import default_dir
+    from sk.workflow.errors import WorkflowError
+
     parser = argparse.ArgumentParser(prog="sk", description="Standard Kernels: fused GPU kernels for LLM layers.")
     sub = parser.add_subparsers(dest="command", required=True)
-    listing = sub.add_parser("list", help="the ops and the Kernel Coverage table")
-    listing.add_argument("--markdown", action="store_true", help="the coverage table as Markdown, as in the README")
+    listing = sub.add_parser("list", help="the ops and the coverage table; the workloads; an architecture's operators")
+    shown = listing.add_mutually_exclusive_group()
+    shown.add_argument("--markdown", action="store_true", help="the coverage table as Markdown, as in the README")
+    shown.add_argument("--workloads", action="store_true", help="the workloads scenarios can name")
+    shown.add_argument("--map", metavar="ARCH", help="the operators architecture ARCH uses, and which we cover")
+    listing.add_argument("--captures", default="captures", help="capture folder counted by --map")
     listing.set_defaults(func=cmd_list)
     sub.add_parser("selfcheck", help="run every op once, kernel against reference").set_defaults(func=cmd_selfcheck)
-    bench = sub.add_parser("bench", help="benchmark the ops on a GPU")
-    bench.add_argument("--peers", action="store_true", required=True,
-                       help="side by side with PyTorch eager, torch.compile and importable peer kernels")
-    bench.add_argument("--out", default="results/bench", help="output folder (JSON, Markdown, PNG)")
+
+    capture = sub.add_parser("capture", help="record the operators the engine executes per scenario and workload")
+    _engine_run_options(capture)
+    capture.add_argument("--out", default="captures", help="folder for the JSON files (one per scenario·workload)")
+    capture.set_defaults(func=cmd_capture)
+
+    stubs = sub.add_parser("create-stubs", help="candidate modules to edit, one per operator of an architecture")
+    stubs.add_argument("--architecture", required=True, metavar="ARCH")
+    stubs.add_argument("--candidates", default=str(default_dir()),
+                       help="candidate folder (default: $SK_CANDIDATE_DIR or candidates/)")
+    stubs.add_argument("--force", action="store_true", help="overwrite existing candidate files")
+    stubs.set_defaults(func=cmd_create_stubs)
+
+    bench = sub.add_parser("bench", help="kernel bench of a candidate on captured shapes, or the ops against peers")
+    what = bench.add_mutually_exclusive_group(required=True)
+    what.add_argument("--target", metavar="OP", help="operator to bench, baseline vs candidate, on captured shapes")
+    what.add_argument("--peers", action="store_true",
+                      help="(GPU) every op side by side with PyTorch eager, torch.compile and importable peer kernels")
+    bench.add_argument("--self-test", action="store_true", help="with --target: the baseline against itself (~1.0x)")
+    bench.add_argument("--captures", default="captures", help="with --target: capture folder")
+    bench.add_argument("--candidates", default=str(default_dir()), help="with --target: candidate folder")
+    bench.add_argument("--max-shapes", type=int, help="with --target: only the most frequent N shapes")
+    bench.add_argument("--out", default="results/bench", help="with --peers: output folder (JSON, Markdown, PNG)")
     bench.set_defaults(func=cmd_bench)
+
+    evaluate = sub.add_parser("eval", help="end to end: stock engine vs our kernels, throughput, latency, tokens")
+    _engine_run_options(evaluate)
+    evaluate.add_argument("--enforce-eager", action="store_true", help="no compilation or CUDA graphs in either run")
+    evaluate.add_argument("--candidates", metavar="DIR",
+                          help="candidate = your modules in DIR (sk create-stubs) instead of Standard Kernels' adapter")
+    evaluate.add_argument("--out", default="results/eval", help="folder for the JSON, the PNG chart and engine logs")
+    evaluate.set_defaults(func=cmd_eval)
+
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except WorkflowError as e:
+        console.print(f"[red]sk {args.command}: {e}", highlight=False, soft_wrap=True)
+        return 2
 
 
 if __name__ == "__main__":

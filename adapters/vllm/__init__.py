@@ -1,0 +1,81 @@
+"""Standard Kernels inside vLLM: a `vllm.general_plugins` entry point that swaps vLLM's layers for our ops.
+
+vLLM calls `register()` in every process it starts (front end, engine core, each worker) before building any
+model. It does nothing unless the adapter was switched on with SK_ADAPTERS=vllm (see `activate()`, sk-serve),
+so installing standardkernels alone leaves vLLM stock. Importing this module imports neither vLLM nor CUDA.
+
+Once on, in each process:
+  - RMSNorm (plain and fused-residual, in place): our "sk" provider for vllm.ir rms_norm/fused_add_rms_norm;
+  - GemmaRMSNorm, SiluAndMul, GeluAndMul (erf and tanh): subclasses whose every forward path calls sk.ops;
+  - with SK_REPORT_DIR set, a JSON report (replaced layers, kernel calls, fallbacks) is written at exit.
+SK_STRICT=1 (sk-serve --strict) turns any fallback inside the engine into sk.CoverageError.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import re
+import sys
+
+from sk.adapters import _common
+
+ENGINE = "vllm"
+# Under vLLM's logger namespace so that its handler prints our line with the process prefix in every process.
+logger = logging.getLogger("vllm.standardkernels")
+
+# Set by the first effective register() in this process.
+_registration: dict | None = None
+
+
+def activate() -> None:
+    """Switch the adapter on for engines created from now on in this process and its children."""
+    _common.activate(ENGINE)
+
+
+def register() -> None:
+    """vLLM's plugin entry point: replace the layers in this process when the adapter is switched on."""
+    global _registration
+    if _registration is not None or not _common.is_active(ENGINE):
+        return
+    from sk.adapters.vllm.ir_providers import PROVIDER, register_providers
+    from sk.adapters.vllm.layers import register_layers
+    from sk.adapters.vllm.support import check_installed_vllm
+
+    build = check_installed_vllm()
+    replaced = register_layers()
+    for op in register_providers():
+        replaced[f"vllm.ir.ops.{op}"] = f"provider {PROVIDER!r} (first in IR op priority)"
+    _forget_cached_gemma_activation()
+    _registration = {"vllm": build, "replaced": replaced}
+    _common.write_report_at_exit(ENGINE, report)
+    logger.info("standardkernels active in %s: %s", build, ", ".join(replaced))
+
+
+def report(_worker=None) -> dict:
+    """This process's adapter report (replaced layers, kernel calls, fallbacks); see sk.adapters._common.
+
+    On request from a running engine: `llm.collective_rpc(sk.adapters.vllm.report)` returns one per worker
+    (vLLM passes the worker as the first argument, which the report does not need; shipping a function to
+    the workers needs VLLM_ALLOW_INSECURE_SERIALIZATION=1).
+    """
+    if _registration is None:
+        return _common.process_report(ENGINE, {}, _tensor_parallel_rank(), {"active": False})
+    return _common.process_report(ENGINE, _registration["replaced"], _tensor_parallel_rank(),
+                                  {"active": True, "vllm": _registration["vllm"]})
+
+
+def _tensor_parallel_rank() -> int | None:
+    from vllm.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        return parallel_state.get_tensor_model_parallel_rank()
+    # At exit vLLM has torn its process groups down; it names each worker process VllmWorker-<rank>.
+    match = re.fullmatch(r"VllmWorker-(\d+)", multiprocessing.current_process().name)
+    return int(match.group(1)) if match else None
+
+
+def _forget_cached_gemma_activation() -> None:
+    # Gemma builds its activation once per process (functools.cache): one built before we registered is stock.
+    gemma = sys.modules.get("vllm.model_executor.models.gemma")
+    if gemma is not None:
+        gemma._get_gemma_act_fn.cache_clear()

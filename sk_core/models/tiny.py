@@ -2,7 +2,7 @@
 
 Two styles cover the layers our engine adapters replace:
   - "llama": RMSNorm + SwiGLU (SiluAndMul);
-  - "gemma": GemmaRMSNorm (scales by 1 + weight) + GEGLU with tanh GELU, untied lm_head.
+  - "gemma": GemmaRMSNorm (scales by 1 + weight) + GEGLU with tanh GELU (untied lm_head unless asked).
 The weights are scaled so that logits are peaked (greedy decoding is then stable against rounding-level
 differences between kernels), and head_dim is 64, which every vLLM attention backend (CPU included) accepts.
 Writing needs `safetensors` and `tokenizers` (both come with vLLM).
@@ -38,6 +38,8 @@ class TinyModelSpec:
     vocab_size: int = 512
     # Standard deviation of the logits at initialisation: large enough that the top token stands out.
     logit_scale: float = 8.0
+    # vLLM 0.25's Gemma accepts only tied embeddings; untied ones give a tiny Gemma more varied tokens.
+    tie_word_embeddings: bool = False
     seed: int = 0
 
     def __post_init__(self):
@@ -85,7 +87,7 @@ def _config(spec: TinyModelSpec) -> dict:
         "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": spec.tie_word_embeddings,
         "torch_dtype": "float32",
         "pad_token_id": SPECIAL_TOKENS.index("<pad>"),
         "bos_token_id": SPECIAL_TOKENS.index("<bos>"),
@@ -109,8 +111,12 @@ def _weights(spec: TinyModelSpec) -> dict[str, torch.Tensor]:
         offset = torch.randn(h, generator=gen) * 0.1
         return offset if spec.style == "gemma" else 1.0 + offset
 
-    # Gemma multiplies embeddings by sqrt(hidden_size); keep the residual stream at unit scale either way.
-    embed_std = h ** -0.5 if spec.style == "gemma" else 1.0
+    # Tied, the embeddings are the lm_head: scaled for the logits. Untied, they start the residual stream at
+    # unit scale (Gemma multiplies them by sqrt(hidden_size)).
+    if spec.tie_word_embeddings:
+        embed_std = spec.logit_scale * h ** -0.5
+    else:
+        embed_std = h ** -0.5 if spec.style == "gemma" else 1.0
     weights = {"model.embed_tokens.weight": torch.randn(spec.vocab_size, h, generator=gen) * embed_std}
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
@@ -126,7 +132,8 @@ def _weights(spec: TinyModelSpec) -> dict[str, torch.Tensor]:
             p + "mlp.down_proj.weight": linear(h, spec.intermediate_size),
         })
     weights["model.norm.weight"] = norm()
-    weights["lm_head.weight"] = linear(spec.vocab_size, h, gain=spec.logit_scale)
+    if not spec.tie_word_embeddings:
+        weights["lm_head.weight"] = linear(spec.vocab_size, h, gain=spec.logit_scale)
     return {name: t.contiguous() for name, t in weights.items()}
 
 

@@ -7,8 +7,10 @@ Three Triton kernels in the forward:
      (so the normalized activation never goes through memory), its epilogue adds the biases and writes
      gelu(g) · u. Each program owns the same columns of gate and up, sharing the x tile between both.
   3. `_down_kernel`: h @ down_weightᵀ with bias and residual in the epilogue. When the output has too few tiles
-     to fill the GPU (decode), K is split across programs that add fp32 partials atomically; the last
-     program to finish a tile (counted with an atomic) applies the epilogue.
+     to fill the GPU (decode), K is split across programs that add fp32 partials atomically (so the last bits
+     may differ between runs); the last program to finish a tile (counted with an atomic) applies the epilogue.
+The GEMM operands are read through TMA tensor descriptors (Hopper's bulk copy engine feeding wgmma), which
+needs 16-byte rows: d_model and d_ff multiples of 8; other widths take the recorded fallback.
 Matrix products take operands in the activation dtype (bf16/fp16) and accumulate in fp32; LayerNorm reads
 its scale and shift in their own precision (the FP32 masters) and rounds the normalized activation once to
 the activation dtype, as eager's LayerNorm output is. Higher-precision projection weights are cast to the
@@ -20,6 +22,7 @@ wgrad are cuBLAS GEMMs; the LayerNorm backward is PyTorch's fused one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from typing import Optional
 
@@ -218,21 +221,22 @@ class GemmConfig:
     def fitted(self, m: int, n: int, k: int) -> "GemmConfig":
         """The same config with blocks no larger than the problem (16 is tl.dot's smallest side)."""
         def fit(block, size):
-            return min(block, max(16, triton.next_power_of_2(size)))
+            return min(block, max(16, _next_power_of_2(size)))
         return dataclasses.replace(self, block_m=fit(self.block_m, m), block_n=fit(self.block_n, n),
                                    block_k=fit(self.block_k, k))
 
 
-# Chosen per shape class from the sweep on the H200 (benchmarks/bench_geglu.py --sweep); no autotuning at call
-# time, so every call (and CUDA-graph capture) launches an already-chosen kernel. Decode splits the down
+# Chosen per shape class from the sweep on the H200 (benchmarks/bench_geglu.py --sweep, 2026-11-29; the
+# fastest forward of the candidates in results/h200/geglu/bench_geglu_sweep.json); no autotuning at
+# call time, so every call (and CUDA-graph capture) launches an already-chosen kernel. Decode splits the down
 # projection's K so that its few output tiles still spread over the GPU.
 GATE_UP_CONFIGS = {
-    "decode": GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4),
+    "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4),
     "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3),
-    "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
+    "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
 }
 DOWN_CONFIGS = {
-    "decode": GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4),
+    "decode": GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=8),
     "small": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3),
     "large": GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
 }
@@ -244,16 +248,27 @@ def shape_class(m: int, d: int, ff: int) -> str:
     return "small" if m * d * ff < 2**33 else "large"
 
 
+@functools.lru_cache(maxsize=256)
 def choose_configs(m: int, d: int, ff: int) -> tuple[GemmConfig, GemmConfig]:
     """(gate_up, down) configs for this shape: its class's, with blocks no larger than the problem and K split
     no finer than 4 blocks per split."""
     cls = shape_class(m, d, ff)
     down = DOWN_CONFIGS[cls].fitted(m, d, ff)
-    split = max(1, min(down.split_k, triton.cdiv(ff, down.block_k) // 4))
+    split = max(1, min(down.split_k, _cdiv(ff, down.block_k) // 4))
     return GATE_UP_CONFIGS[cls].fitted(m, ff, d), dataclasses.replace(down, split_k=split)
 
 
 TMA_ALIGN = 8  # elements: the GEMM operands' rows must start on 16-byte boundaries for TMA
+
+
+# Host-side integer helpers in plain Python: triton.cdiv / next_power_of_2 cost microseconds a call, and
+# a forward makes a dozen such calls.
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
 
 def _align(n: int) -> int:
@@ -311,9 +326,9 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     d_align, ff_align = _align(d), _align(ff)
     approx_tanh = approximate == "tanh"
 
-    block_d = triton.next_power_of_2(d)
+    block_d = _next_power_of_2(d)
     rows_per_program = max(1, min(16, 2048 // block_d))
-    _ln_stats_kernel[(triton.cdiv(m, rows_per_program),)](
+    _ln_stats_kernel[(_cdiv(m, rows_per_program),)](
         x2, stats, ln_w, ln_b, xn, m, d, eps,
         D_ALIGN=d_align, HAS_LN_BIAS=ln_b is not None, STORE_XN=save_for_backward,
         BLOCK_M=rows_per_program, BLOCK_D=block_d, num_warps=min(16, max(1, rows_per_program * block_d // 512)),
@@ -321,11 +336,11 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
 
     h = torch.empty((m, ff), dtype=dtype, device=dev)
     c = gate_up
-    _gate_up_kernel[(triton.cdiv(m, c.block_m) * triton.cdiv(ff, c.block_n),)](
-        TensorDescriptor.from_tensor(x2, [c.block_m, c.block_k]), stats, ln_w, ln_b,
-        TensorDescriptor.from_tensor(wg, [c.block_n, c.block_k]), TensorDescriptor.from_tensor(wu, [c.block_n, c.block_k]),
-        bg, bu, h, gu, m, d, ff,
-        FF_ALIGN=ff_align, K_BLOCKS=triton.cdiv(d, c.block_k),
+    tma = TensorDescriptor.from_tensor  # zero-filled past the edges; blocks as the kernel's tiles
+    _gate_up_kernel[(_cdiv(m, c.block_m) * _cdiv(ff, c.block_n),)](
+        tma(x2, [c.block_m, c.block_k]), stats, ln_w, ln_b,
+        tma(wg, [c.block_n, c.block_k]), tma(wu, [c.block_n, c.block_k]), bg, bu, h, gu, m, d, ff,
+        FF_ALIGN=ff_align, K_BLOCKS=_cdiv(d, c.block_k),
         HAS_LN_BIAS=ln_b is not None, HAS_GATE_BIAS=bg is not None, HAS_UP_BIAS=bu is not None,
         STORE_PREACT=save_for_backward, APPROX_TANH=approx_tanh,
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
@@ -333,7 +348,7 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     )
 
     c = down
-    tiles = triton.cdiv(m, c.block_m) * triton.cdiv(d, c.block_n)
+    tiles = _cdiv(m, c.block_m) * _cdiv(d, c.block_n)
     if c.split_k > 1:
         # fp32 partial sums, then one arrival counter per tile (int32 zero bits are fp32 zero bits).
         scratch = torch.zeros(m * d + tiles, dtype=torch.float32, device=dev)
@@ -341,11 +356,10 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     else:
         partial, arrivals = y, y
     _down_kernel[(tiles, c.split_k)](
-        TensorDescriptor.from_tensor(h, [c.block_m, c.block_k]), TensorDescriptor.from_tensor(wd, [c.block_n, c.block_k]),
-        bd, TensorDescriptor.from_tensor(x2, [c.block_m, c.block_n]), TensorDescriptor.from_tensor(y, [c.block_m, c.block_n]),
-        partial, arrivals, m, d,
-        K_BLOCKS_PER_SPLIT=triton.cdiv(triton.cdiv(ff, c.block_k), c.split_k),
-        HAS_BIAS=bd is not None, SPLIT_K=c.split_k, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+        tma(h, [c.block_m, c.block_k]), tma(wd, [c.block_n, c.block_k]), bd,
+        tma(x2, [c.block_m, c.block_n]), tma(y, [c.block_m, c.block_n]), partial, arrivals, m, d,
+        K_BLOCKS_PER_SPLIT=_cdiv(_cdiv(ff, c.block_k), c.split_k), HAS_BIAS=bd is not None, SPLIT_K=c.split_k,
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
     return y, stats, xn, gu
@@ -369,8 +383,8 @@ def _geglu_backward_op(dh: torch.Tensor, gu: torch.Tensor, d_model: int, approxi
     dgu = torch.empty_like(gu)
     h = torch.empty_like(dh)
     if m:
-        block = min(2048, triton.next_power_of_2(ff))
-        _geglu_backward_kernel[(m, triton.cdiv(ff, block))](
+        block = min(2048, _next_power_of_2(ff))
+        _geglu_backward_kernel[(m, _cdiv(ff, block))](
             dh, gu, dgu, h, m, ff, FF_ALIGN=_align(ff), APPROX_TANH=approximate == "tanh", BLOCK=block,
             num_warps=max(1, min(8, block // 256)),
         )
@@ -473,10 +487,9 @@ def _(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_we
 def _setup_context(ctx, inputs, output):
     x, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, _ = inputs
     _, stats, xn, gu = output
-    ctx.eps, ctx.approximate = eps, approximate
-    ctx.has_bias = [b is not None for b in (ln_b, bg, bu, bd)]
+    ctx.approximate = approximate
     ctx.save_for_backward(x, ln_w, wg, wu, wd, stats, xn, gu)
-    ctx.bias_dtypes = [b.dtype if b is not None else None for b in (ln_b, bg, bu, bd)]
+    ctx.bias_dtypes = [b.dtype if b is not None else None for b in (ln_b, bg, bu, bd)]  # their grads are sums
     ctx.mark_non_differentiable(*output[1:])
 
 
@@ -496,29 +509,26 @@ def _backward(ctx, dy, *_):
     dg, du = dgu[:, :ff], dgu[:, ff:]
     dxn = dg @ cwg
     dxn.addmm_(du, cwu)
-    stats_dtype = stats.dtype
-    dx_ln, d_ln_w, d_ln_b = torch.ops.aten.native_layer_norm_backward(
-        dxn.to(stats_dtype), x.to(stats_dtype), [d], stats[0].view(m, 1), stats[1].view(m, 1),
-        ln_w.to(stats_dtype), None, [need[0], need[1], False])
-    dx = (dx_ln + dy.to(stats_dtype)).to(dtype) if need[0] else None
-    d_ln_b = dxn.to(stats_dtype).sum(0) if need[2] else None  # aten skips the bias grad without a bias
-    d_gu_w = dgu.t() @ xn if need[3] or need[5] else None
-    d_gu_b = dgu.to(stats_dtype).sum(0) if need[4] or need[6] else None
+    acc = stats.dtype  # fp32 (fp64 for fp64 inputs): LayerNorm's backward and every reduction run in it
+    dxn_acc = dxn.to(acc)
+    dx_ln, d_ln_w, _ = torch.ops.aten.native_layer_norm_backward(
+        dxn_acc, x.to(acc), [d], stats[0].view(m, 1), stats[1].view(m, 1), ln_w.to(acc), None,
+        [need[0], need[1], False])
+    d_gu_w = dgu.t() @ xn if need[3] or need[5] else None  # gate and up weight grads in one GEMM
+    d_gu_b = dgu.sum(0, dtype=acc) if need[4] or need[6] else None
 
-    def as_param(grad, like_index, dtype_of):
-        return None if grad is None or not need[like_index] else grad.to(dtype_of)
-
-    bias_dtype = ctx.bias_dtypes
+    ln_b_dtype, bg_dtype, bu_dtype, bd_dtype = ctx.bias_dtypes
+    # Each grad in its input's dtype (FP32 for FP32 masters), computed only where autograd asks for it.
     return (
-        dx,
-        as_param(d_ln_w, 1, ln_w.dtype),
-        as_param(d_ln_b, 2, bias_dtype[0]),
-        as_param(None if d_gu_w is None else d_gu_w[:ff], 3, wg.dtype),
-        as_param(None if d_gu_b is None else d_gu_b[:ff], 4, bias_dtype[1]),
-        as_param(None if d_gu_w is None else d_gu_w[ff:], 5, wu.dtype),
-        as_param(None if d_gu_b is None else d_gu_b[ff:], 6, bias_dtype[2]),
-        as_param(dy.t() @ h if need[7] else None, 7, wd.dtype),
-        as_param(dy.to(stats_dtype).sum(0) if need[8] else None, 8, bias_dtype[3]),
+        (dx_ln + dy).to(dtype) if need[0] else None,
+        d_ln_w.to(ln_w.dtype) if need[1] else None,
+        dxn_acc.sum(0).to(ln_b_dtype) if need[2] else None,
+        d_gu_w[:ff].to(wg.dtype) if need[3] else None,
+        d_gu_b[:ff].to(bg_dtype) if need[4] else None,
+        d_gu_w[ff:].to(wu.dtype) if need[5] else None,
+        d_gu_b[ff:].to(bu_dtype) if need[6] else None,
+        (dy.t() @ h).to(wd.dtype) if need[7] else None,
+        dy.sum(0, dtype=acc).to(bd_dtype) if need[8] else None,
         None, None, None,
     )
 

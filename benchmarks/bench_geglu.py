@@ -1,0 +1,296 @@
+"""Pre-norm GEGLU block on the GPU: ours side by side with PyTorch eager, eager in a CUDA graph, and
+torch.compile(mode="max-autotune-no-cudagraphs") in a CUDA graph; plus a training step (forward + backward)
+at the seed shape against eager. bf16; µs per call, medians.
+
+    python benchmarks/bench_geglu.py OUT_DIR [--no-compile] [--sweep]
+
+Writes OUT_DIR/bench_geglu.json and OUT_DIR/bench_geglu.md (GPU, versions, date). `--sweep` also times
+candidate tile configs of our two GEMM kernels per shape (bench_geglu_sweep.json): how the configs in
+`sk/ops/fused_pre_norm_geglu.py` were chosen.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+import sk
+from sk.bench.timing import environment, graph_time_us, side_by_side_us
+
+geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
+
+SHAPES = {"seed": (1024, 768, 1448), "prefill": (8192, 2048, 16384), "decode": (32, 2048, 16384)}
+CALLS_PER_REPLAY = 20  # as the peer table: 20 calls captured per graph, time per call
+
+
+class EagerBlock(torch.nn.Module):
+    """The seed page's block (its MyGEGLUBlock), the PyTorch baseline."""
+
+    def __init__(self, d_model, d_ff, eps=1e-5):
+        super().__init__()
+        self.my_norm = torch.nn.LayerNorm(d_model, eps=eps)
+        self.my_gate = torch.nn.Linear(d_model, d_ff)
+        self.my_up = torch.nn.Linear(d_model, d_ff)
+        self.my_down = torch.nn.Linear(d_ff, d_model)
+        self.eps = eps
+
+    def forward(self, x):
+        h = self.my_norm(x)
+        return x + self.my_down(torch.nn.functional.gelu(self.my_gate(h)) * self.my_up(h))
+
+
+def _events_ms(fn, calls, repeats):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return statistics.median(times)
+
+
+def time_eager_us(fn, repeats=30):
+    """Per call, launched from Python back to back (host overhead included when it dominates)."""
+    fn()
+    torch.cuda.synchronize()
+
+    def many():
+        for _ in range(CALLS_PER_REPLAY):
+            fn()
+    return 1e3 * _events_ms(many, CALLS_PER_REPLAY, repeats)
+
+
+def make_problem(m, d, ff, seed=0):
+    torch.manual_seed(seed)
+    block = EagerBlock(d, ff).cuda()
+    with torch.no_grad():  # a trained-looking LayerNorm, not the identity init
+        block.my_norm.weight.uniform_(0.5, 1.5)
+        block.my_norm.bias.uniform_(-0.2, 0.2)
+    x = torch.randn(m, d, device="cuda", dtype=torch.bfloat16)
+    return block, x
+
+
+def op_args(block):
+    return (block.my_norm.weight, block.my_norm.bias, block.my_gate.weight, block.my_gate.bias,
+            block.my_up.weight, block.my_up.bias, block.my_down.weight, block.my_down.bias, block.eps)
+
+
+def rel_err(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def bench_inference(name, m, d, ff, with_compile):
+    block, x = make_problem(m, d, ff)
+    block_bf16 = EagerBlock(d, ff).cuda().to(torch.bfloat16)
+    block_bf16.load_state_dict(block.state_dict())
+    args = op_args(block_bf16)
+    row = {"shape": name, "M": m, "D": d, "FF": ff, "gflop": 2 * m * d * ff * 3 / 1e9}
+    with torch.no_grad():
+        ours = lambda: sk.ops.fused_pre_norm_geglu(x, *args)  # noqa: E731
+        eager = lambda: block_bf16(x)  # noqa: E731
+        rows = slice(None, 1024)  # rows are independent: the fp64 oracle on the first 1024 rows is enough
+        ref64 = geglu.fused_pre_norm_geglu_reference(x[rows].double(), *[a.double() if torch.is_tensor(a) else a
+                                                                         for a in args])
+        row["rel_err_ours_vs_fp64"] = rel_err(ours()[rows], ref64)
+        row["rel_err_eager_bf16_vs_fp64"] = rel_err(eager()[rows], ref64)
+        row["gate_up_config"], row["down_config"] = [dataclasses.asdict(c) for c in geglu.choose_configs(m, d, ff)]
+        row.update(side_by_side_us({"ours_graph_us": ours, "eager_graph_us": eager}, calls_per_replay=CALLS_PER_REPLAY))
+        row["ours_eager_us"] = time_eager_us(ours)
+        row["eager_us"] = time_eager_us(eager)
+        if with_compile:
+            compiled = torch.compile(block_bf16, mode="max-autotune-no-cudagraphs")
+            t0 = time.time()
+            compiled(x)
+            row["maxat_compile_s"] = time.time() - t0
+            row["maxat_graph_us"] = graph_time_us(lambda: compiled(x), calls_per_replay=CALLS_PER_REPLAY)
+    best_peer = min(v for k, v in row.items() if k in ("eager_graph_us", "maxat_graph_us") and v)
+    row["speedup_vs_best_measured"] = best_peer / row["ours_graph_us"]
+    print(f"[{name}] ours {row['ours_graph_us']:.1f} us (graph), {row['ours_eager_us']:.1f} us (eager launch); "
+          f"eager {row['eager_us']:.1f}, eager graph {row['eager_graph_us']:.1f}, "
+          f"maxat graph {row.get('maxat_graph_us', float('nan')):.1f}; err ours {row['rel_err_ours_vs_fp64']:.2e} "
+          f"eager {row['rel_err_eager_bf16_vs_fp64']:.2e}", flush=True)
+    return row
+
+
+def bench_training(m, d, ff):
+    """fwd+bwd per step, FP32 masters, bf16 input, CUDA bf16 autocast (the peer table's setting)."""
+    block, x = make_problem(m, d, ff)
+    ours = sk.nn.PreNormGEGLUFFN.from_module(block)
+    x = x.requires_grad_()
+    grad = torch.randn_like(x)
+
+    def step(model):
+        def run():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = model(x)
+            y.backward(grad)
+        return run
+
+    def step_after_update(model):
+        # An optimizer step changes every master: the op re-makes its BF16 copies on the next call.
+        params = list(model.parameters())
+
+        def run():
+            with torch.no_grad():
+                torch._foreach_mul_(params, 1.0)
+            step(model)()
+        return run
+
+    row = {"shape": "seed", "M": m, "D": d, "FF": ff}
+    row["eager_step_us"] = time_eager_us(step(block), repeats=20)
+    row["ours_step_us"] = time_eager_us(step(ours), repeats=20)
+    row["eager_step_with_update_us"] = time_eager_us(step_after_update(block), repeats=20)
+    row["ours_step_with_update_us"] = time_eager_us(step_after_update(ours), repeats=20)
+    row["speedup"] = row["eager_step_us"] / row["ours_step_us"]
+    row["speedup_with_update"] = row["eager_step_with_update_us"] / row["ours_step_with_update_us"]
+    print(f"[train seed] eager {row['eager_step_us']:.0f} us, ours {row['ours_step_us']:.0f} us "
+          f"({row['speedup']:.2f}x); with master update: eager {row['eager_step_with_update_us']:.0f}, "
+          f"ours {row['ours_step_with_update_us']:.0f} ({row['speedup_with_update']:.2f}x)", flush=True)
+    return row
+
+
+# Candidate (block_m, block_n, block_k, num_warps, num_stages[, split_k]) per shape for --sweep: those that
+# compile for sm90 without register spills (checked ahead with Triton's ptxas and cuobjdump on a CPU machine).
+SWEEP = {
+    "seed": {
+        "gate_up": [(64, 128, 64, 4, 3), (128, 64, 64, 4, 3), (64, 64, 64, 4, 4), (128, 128, 64, 8, 3)],
+        "down": [(64, 64, 64, 4, 3, 1), (64, 64, 64, 4, 4, 2), (128, 64, 64, 4, 3, 2), (64, 32, 128, 4, 3, 1)],
+    },
+    "decode": {
+        "gate_up": [(32, 64, 128, 4, 4), (16, 64, 128, 4, 5), (64, 64, 64, 4, 4), (32, 32, 128, 4, 4)],
+        "down": [(32, 64, 128, 4, 4, 4), (32, 64, 128, 4, 4, 8), (32, 32, 128, 4, 4, 4), (16, 64, 256, 4, 3, 8)],
+    },
+    "prefill": {
+        "gate_up": [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 32, 8, 5), (128, 64, 64, 8, 4)],
+        "down": [(128, 256, 64, 8, 3, 1), (128, 128, 64, 8, 3, 1), (128, 128, 64, 8, 4, 1), (128, 64, 128, 4, 3, 1)],
+    },
+}
+
+
+def sweep(shape_name, m, d, ff):
+    block, x = make_problem(m, d, ff)
+    block = block.to(torch.bfloat16)
+    ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps = op_args(block)
+    base_gu, base_down = geglu.choose_configs(m, d, ff)
+
+    def run(gu_cfg, down_cfg):
+        return lambda: geglu._forward_kernels(x, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, "none", False,
+                                              (gu_cfg, down_cfg))
+    results = {"gate_up": [], "down": []}
+    for kind in ("gate_up", "down"):
+        for cand in SWEEP[shape_name][kind]:
+            bm, bn, bk, warps, stages, *split = cand
+            cfg = geglu.GemmConfig(bm, bn, bk, warps, stages, split_k=split[0] if split else 1)
+            cfgs = (cfg, base_down) if kind == "gate_up" else (base_gu, cfg)
+            try:
+                us = graph_time_us(run(*cfgs), calls_per_replay=CALLS_PER_REPLAY, repeats=15)
+            except Exception as e:  # e.g. out of shared memory: report and go on
+                us = None
+                print(f"  {kind} {cand}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+            results[kind].append({"config": dataclasses.asdict(cfg), "forward_us": us})
+            print(f"  [{shape_name}] {kind} {cand}: {us}", flush=True)
+    return results
+
+
+def compiled_kernels_report():
+    """Registers, spills, shared memory and whether wgmma (Hopper's tensor-core path) is used, per compiled
+    specialization of our kernels."""
+    lines = []
+    try:  # Triton's cache layout is internal: report what it gives, never fail the benchmark over it
+        for name in ("_gate_up_kernel", "_down_kernel"):
+            kernel_cache = getattr(geglu, name).device_caches[torch.cuda.current_device()][0]
+            for compiled in kernel_cache.values():
+                compiled._init_handles()
+                c = compiled.metadata
+                lines.append(f"{name} warps={c.num_warps} stages={c.num_stages} shared={c.shared} "
+                             f"regs={compiled.n_regs} spills={compiled.n_spills} "
+                             f"wgmma={'wgmma' in compiled.asm['ptx']}")
+    except Exception as e:
+        lines.append(f"unavailable: {type(e).__name__}: {e}")
+    return lines
+
+
+def to_markdown(meta, rows, train):
+    lines = [f"# Pre-norm GEGLU block, bf16, {meta['gpu']}", "",
+             f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}. µs per call, median; `graph` = "
+             f"{CALLS_PER_REPLAY} calls captured in one CUDA graph; `eager launch` = launched from Python.", "",
+             "| M × D → FF | ours (graph) | ours (eager launch) | eager | eager in graph | max-autotune in graph "
+             "| best PyTorch / ours | rel. err ours | rel. err eager bf16 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        maxat = f"{r['maxat_graph_us']:.1f}" if "maxat_graph_us" in r else "not run"
+        lines.append(
+            f"| {r['M']} × {r['D']} → {r['FF']} | {r['ours_graph_us']:.1f} | {r['ours_eager_us']:.1f} "
+            f"| {r['eager_us']:.1f} | {r['eager_graph_us']:.1f} | {maxat} | {r['speedup_vs_best_measured']:.2f}× "
+            f"| {r['rel_err_ours_vs_fp64']:.1e} | {r['rel_err_eager_bf16_vs_fp64']:.1e} |")
+    if train:
+        lines += ["", "Training step (forward + backward), FP32 masters, bf16 input, CUDA bf16 autocast, µs per step:",
+                  "", "| M × D → FF | eager | ours | speedup | eager, masters updated each step | ours, same "
+                  "| speedup |", "|---|---|---|---|---|---|---|",
+                  f"| {train['M']} × {train['D']} → {train['FF']} | {train['eager_step_us']:.0f} "
+                  f"| {train['ours_step_us']:.0f} | {train['speedup']:.2f}× "
+                  f"| {train['eager_step_with_update_us']:.0f} "
+                  f"| {train['ours_step_with_update_us']:.0f} | {train['speedup_with_update']:.2f}× |"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile max-autotune (slow)")
+    parser.add_argument("--sweep", action="store_true", help="also time candidate tile configs")
+    parser.add_argument("--use-sweep-best", action="store_true",
+                        help="benchmark with this run's fastest swept configs (to copy into the op's tables)")
+    parser.add_argument("--shapes", default="seed,decode,prefill")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench_geglu: needs a CUDA GPU")
+    os.makedirs(args.out_dir, exist_ok=True)
+    meta = environment()
+    names = args.shapes.split(",")
+    if args.sweep:
+        found = {n: sweep(n, *SHAPES[n]) for n in names}
+        with open(os.path.join(args.out_dir, "bench_geglu_sweep.json"), "w") as f:
+            json.dump({"meta": meta, "sweep": found, "kernels": compiled_kernels_report()}, f, indent=1)
+        for name, result in found.items():
+            for kind, runs in result.items():
+                timed = [r for r in runs if r["forward_us"]]
+                if not timed:
+                    continue
+                best = min(timed, key=lambda r: r["forward_us"])
+                print(f"sweep best [{name}] {kind}: {best}", flush=True)
+                if args.use_sweep_best:
+                    table = geglu.GATE_UP_CONFIGS if kind == "gate_up" else geglu.DOWN_CONFIGS
+                    table[geglu.shape_class(*SHAPES[name])] = geglu.GemmConfig(**best["config"])
+                    geglu.choose_configs.cache_clear()
+        meta["configs"] = {"gate_up": {k: dataclasses.asdict(v) for k, v in geglu.GATE_UP_CONFIGS.items()},
+                           "down": {k: dataclasses.asdict(v) for k, v in geglu.DOWN_CONFIGS.items()}}
+    def save(rows, train):  # after every step, so that a run cut short still leaves what it measured
+        with open(os.path.join(args.out_dir, "bench_geglu.json"), "w") as f:
+            json.dump({"meta": meta, "inference": rows, "training": train}, f, indent=1)
+        with open(os.path.join(args.out_dir, "bench_geglu.md"), "w") as f:
+            f.write(to_markdown(meta, rows, train))
+
+    rows, train = [], None
+    train = bench_training(*SHAPES["seed"])
+    save(rows, train)
+    # torch.compile's max-autotune takes minutes: every shape is measured without it first.
+    for with_compile in (False, True) if not args.no_compile else (False,):
+        for i, n in enumerate(names):
+            row = bench_inference(n, *SHAPES[n], with_compile=with_compile)
+            rows[i:i + 1] = [row]
+            save(rows, train)
+    print(to_markdown(meta, rows, train))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Stock vLLM against vLLM with our adapter, on a CUDA host, side by side: counts, tokens, speed.
+
+    python ci/gpu/vllm_check.py OUTDIR [--tp 2] [--styles llama gemma] [--variants stock sk]
+
+For each model style and variant, one engine runs in its own process, in vLLM's default mode (bf16, Inductor
+compile + CUDA graphs) and measures:
+  - greedy tokens with the top-5 candidates per step (agreement with stock: exact sequences, first divergence,
+    top-5 overlap before it);
+  - throughput: 64 prompts x 64 generated tokens;
+  - decode latency: one sequence, milliseconds per generated token;
+  - our ops in the engine: each process's adapter report (kernel calls and fallbacks, per worker rank).
+Writes OUTDIR/vllm_check.json and OUTDIR/vllm_check.md.
+
+Needs vLLM (0.25.0 on the H200 host) and standardkernels installed with its entry points
+(`pip install --no-deps -e .`), so that vLLM's workers load the plugin. The models are the project's own
+(sk.models), bigger than the CPU test ones so that the norms and activations weigh in the step time.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROMPT_LEN = 128
+THROUGHPUT_PROMPTS, THROUGHPUT_TOKENS = 64, 64
+LATENCY_TOKENS, LATENCY_REPEATS = 128, 5
+TOKEN_PROMPTS, TOKEN_STEPS, TOP_K = 16, 32, 5
+# Llama style runs on any vLLM; vLLM 0.25's Gemma requires tied embeddings.
+MODEL_SPECS = {
+    "llama": dict(style="llama", hidden_size=2048, intermediate_size=8192, num_layers=8, num_heads=16,
+                  num_kv_heads=8, head_dim=128, vocab_size=32000),
+    "gemma": dict(style="gemma", hidden_size=2048, intermediate_size=8192, num_layers=8, num_heads=16,
+                  num_kv_heads=8, head_dim=128, vocab_size=32000, tie_word_embeddings=True),
+}
+VARIANT_ENV = {"stock": {}, "sk": {"SK_ADAPTERS": "vllm"}}
+RUN_TIMEOUT_S = 1200
+
+
+# ------------------------------------------------------------------------------------- one engine (child)
+
+def prompts(count: int, seed: int) -> list[dict]:
+    import random
+
+    from sk.models.tokenizer import SPECIAL_TOKENS, VOCAB_SIZE
+
+    rng = random.Random(seed)
+    return [{"prompt_token_ids": [rng.randrange(len(SPECIAL_TOKENS), VOCAB_SIZE) for _ in range(PROMPT_LEN)]}
+            for _ in range(count)]
+
+
+def run_engine(style: str, tp: int) -> dict:
+    import torch
+    from vllm import LLM, SamplingParams
+
+    import sk.models
+
+    model = sk.models.tiny_model(sk.models.TinyModelSpec(**MODEL_SPECS[style]))
+    started = time.perf_counter()
+    llm = LLM(str(model), dtype="bfloat16", seed=0, tensor_parallel_size=tp, max_model_len=1024,
+              gpu_memory_utilization=0.6)
+    startup_s = time.perf_counter() - started
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=TOKEN_STEPS, ignore_eos=True, logprobs=TOP_K)
+    tokens, topk = [], []
+    for out in llm.generate(prompts(TOKEN_PROMPTS, seed=1), greedy):
+        completion = out.outputs[0]
+        tokens.append(list(completion.token_ids))
+        topk.append([sorted(step, key=lambda t: step[t].rank)[:TOP_K] for step in completion.logprobs])
+
+    batch = prompts(THROUGHPUT_PROMPTS, seed=2)
+    fixed = SamplingParams(temperature=0.0, max_tokens=THROUGHPUT_TOKENS, ignore_eos=True)
+    llm.generate(batch[:4], fixed)  # warm-up outside the timing
+    started = time.perf_counter()
+    llm.generate(batch, fixed)
+    throughput_s = time.perf_counter() - started
+
+    def one_sequence_s(max_tokens: int) -> float:
+        started = time.perf_counter()
+        llm.generate(prompts(1, seed=3), SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+        return time.perf_counter() - started
+
+    # Per decode step: the time for LATENCY_TOKENS tokens less the time for one (prefill + first token).
+    decode_ms = statistics.median(
+        (one_sequence_s(LATENCY_TOKENS + 1) - one_sequence_s(1)) * 1e3 / LATENCY_TOKENS
+        for _ in range(LATENCY_REPEATS))
+    return {
+        "startup_s": startup_s,
+        "tokens": tokens,
+        "topk": topk,
+        "throughput_tokens_per_s": THROUGHPUT_PROMPTS * THROUGHPUT_TOKENS / throughput_s,
+        "throughput_wall_s": throughput_s,
+        "decode_ms_per_token": decode_ms,
+        "gpu": torch.cuda.get_device_name(0),
+    }
+
+
+# ------------------------------------------------------------------------------------------ orchestration
+
+def run_variant(style: str, variant: str, tp: int, work: Path) -> dict:
+    from sk.adapters._common import read_reports
+
+    report_dir = work / f"{style}-{variant}-reports"
+    out = work / f"{style}-{variant}.json"
+    env = {**os.environ, "VLLM_USE_FLASHINFER_SAMPLER": "0", "SK_REPORT_DIR": str(report_dir),
+           **VARIANT_ENV[variant]}
+    if variant == "stock":
+        env.pop("SK_ADAPTERS", None)
+    log = work / f"{style}-{variant}.log"
+    with open(log, "w") as f:
+        done = subprocess.run([sys.executable, __file__, "--child", style, "--tp", str(tp), str(out)],
+                              env=env, stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+    if done.returncode:
+        tail = log.read_text()[-3000:]
+        return {"error": f"engine exited with {done.returncode}; log {log}", "log_tail": tail}
+    result = json.loads(out.read_text())
+    result["workers"] = [
+        {"rank": r["rank"], "pid": r["pid"], "kernel_calls": r["coverage"]["kernel_calls"],
+         "fallbacks": r["coverage"]["fallbacks"]}
+        for r in read_reports(report_dir) if r["process"].startswith("VllmWorker")
+    ]
+    return result
+
+
+def agreement(stock: dict, ours: dict) -> dict:
+    """Exact greedy sequences, first divergence, and top-k overlap on the steps before it."""
+    exact, first_divergence, overlaps = 0, [], []
+    for s_tok, o_tok, s_top, o_top in zip(stock["tokens"], ours["tokens"], stock["topk"], ours["topk"]):
+        diverge = next((i for i, (a, b) in enumerate(zip(s_tok, o_tok)) if a != b), None)
+        exact += diverge is None
+        first_divergence.append(diverge)
+        # Up to and including the first differing step the two runs saw the same context.
+        steps = len(s_tok) if diverge is None else diverge + 1
+        overlaps += [len(set(a) & set(b)) / TOP_K for a, b in zip(s_top[:steps], o_top[:steps])]
+    return {"exact_sequences": exact, "sequences": len(stock["tokens"]),
+            "first_divergence": first_divergence, f"top{TOP_K}_overlap": statistics.mean(overlaps)}
+
+
+def versions() -> dict:
+    import torch
+    import triton
+    import vllm
+
+    import sk
+
+    return {"vllm": vllm.__version__, "torch": torch.__version__, "triton": triton.__version__,
+            "standardkernels": sk.__version__, "cuda": torch.version.cuda}
+
+
+def markdown(summary: dict) -> str:
+    lines = [f"# vLLM with and without Standard Kernels ({summary['date']})", "",
+             f"GPU: {summary['gpu']}; tensor parallel: {summary['tp']}; versions: "
+             + ", ".join(f"{k} {v}" for k, v in summary["versions"].items()), "",
+             "bf16, vLLM defaults (Inductor compile + CUDA graphs). Throughput: "
+             f"{THROUGHPUT_PROMPTS} prompts x {THROUGHPUT_TOKENS} tokens (prompt {PROMPT_LEN}). Decode: one "
+             f"sequence, ms per token. Tokens: {TOKEN_PROMPTS} prompts x {TOKEN_STEPS} greedy steps vs stock.", "",
+             "| model | variant | start (s) | tokens/s | decode ms/token | greedy = stock | top-5 overlap | "
+             "our kernel calls per worker rank | fallbacks |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for style, runs in summary["runs"].items():
+        for variant, r in runs.items():
+            if "error" in r:
+                lines.append(f"| {style} | {variant} | {r['error']} | | | | | | |")
+                continue
+            agree = r.get("agreement")
+            calls = "; ".join(f"rank {w['rank']}: " + ", ".join(f"{op} {n}" for op, n in sorted(
+                w["kernel_calls"].items())) for w in r["workers"]) or "-"
+            fallbacks = sum(f["count"] for w in r["workers"] for f in w["fallbacks"])
+            lines.append(
+                f"| {style} | {variant} | {r['startup_s']:.0f} | {r['throughput_tokens_per_s']:.0f} | "
+                f"{r['decode_ms_per_token']:.2f} | "
+                + (f"{agree['exact_sequences']}/{agree['sequences']} | {agree[f'top{TOP_K}_overlap']:.3f}"
+                   if agree else "(reference) | ")
+                + f" | {calls} | {fallbacks} |")
+    reasons = {f["reason"] for runs in summary["runs"].values() for r in runs.values()
+               for w in r.get("workers", []) for f in w["fallbacks"]}
+    if reasons:
+        lines += ["", "Fallback reasons: " + "; ".join(sorted(reasons))]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("outdir")
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (2 on the 2-GPU host)")
+    parser.add_argument("--styles", nargs="+", default=list(MODEL_SPECS), choices=list(MODEL_SPECS))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANT_ENV), choices=list(VARIANT_ENV))
+    parser.add_argument("--child", metavar="STYLE", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        Path(args.outdir).write_text(json.dumps(run_engine(args.child, args.tp)))
+        return 0
+
+    from importlib.metadata import entry_points
+
+    if "standardkernels" not in {e.name for e in entry_points(group="vllm.general_plugins")}:
+        sys.exit("standardkernels' vllm.general_plugins entry point is not installed: pip install --no-deps -e .")
+    out = Path(args.outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="vllm-check-", dir=out))
+    summary = {"date": datetime.date.today().isoformat(), "tp": args.tp, "versions": versions(), "runs": {}}
+    for style in args.styles:
+        runs = summary["runs"][style] = {}
+        for variant in args.variants:
+            print(f"vllm_check: {style} {variant} tp={args.tp}", file=sys.stderr, flush=True)
+            runs[variant] = run_variant(style, variant, args.tp, work)
+        if "error" not in runs.get("stock", {"error": ""}):
+            for variant, r in runs.items():
+                if variant != "stock" and "error" not in r:
+                    r["agreement"] = agreement(runs["stock"], r)
+    summary["gpu"] = next((r["gpu"] for runs in summary["runs"].values() for r in runs.values() if "gpu" in r),
+                          None)
+    (out / "vllm_check.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "vllm_check.md").write_text(markdown(summary))
+    print(markdown(summary))
+    failed = any("error" in r for runs in summary["runs"].values() for r in runs.values())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

