@@ -190,7 +190,9 @@ def sweep(shape_name, m, d, ff):
         for cand in SWEEP[shape_name][kind]:
             bm, bn, bk, warps, stages, *split = cand
             cfg = geglu.GemmConfig(bm, bn, bk, warps, stages, split_k=split[0] if split else 1)
-            cfgs = (cfg, base_down) if kind == "gate_up" else (base_gu, cfg)
+            # Timed as the op would run it: blocks fitted to the problem (M = 32 at decode, say).
+            run_cfg = cfg.fitted(m, ff, d) if kind == "gate_up" else cfg.fitted(m, d, ff)
+            cfgs = (run_cfg, base_down) if kind == "gate_up" else (base_gu, run_cfg)
             try:
                 us = graph_time_us(run(*cfgs), calls_per_replay=CALLS_PER_REPLAY, repeats=15)
             except Exception as e:  # e.g. out of shared memory: report and go on

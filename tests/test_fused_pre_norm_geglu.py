@@ -66,11 +66,23 @@ def grads_of(fn, x, params, dy):
 SMALL = geglu.GemmConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
 
 
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Every buffer the op allocates starts as NaN, so an element a kernel fails to write shows up."""
+    for name in ("empty", "empty_like"):
+        allocate = getattr(torch, name)
+
+        def poisoned(*args, allocate=allocate, **kwargs):
+            t = allocate(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+        monkeypatch.setattr(torch, name, poisoned)
+
+
 @needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("m,d,ff,split_k", [(1, 48, 200, 1), (7, 40, 72, 1), (33, 64, 48, 4), (20, 72, 104, 2)])
 @pytest.mark.parametrize("bias,approximate", [(True, "none"), (False, "tanh")])
-def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approximate):
+def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approximate, poisoned_outputs):
     params = make_params(d, ff, bias=bias, seed=m + d)
     for i in (2, 4, 6):  # the projections compute in the activation dtype; the oracle sees the same values
         params[i] = params[i].to(dtype)
@@ -92,7 +104,7 @@ def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approxim
 
 @needs_interpreter
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
-def test_interpreted_forward_and_backward_through_the_op(approximate):
+def test_interpreted_forward_and_backward_through_the_op(approximate, poisoned_outputs):
     """fp16 is in the coverage table, so on CPU under the interpreter the public op runs every kernel."""
     m, d, ff = 9, 40, 56
     params = make_params(d, ff)

@@ -7,7 +7,6 @@ replaces RMSNorm without touching the layer class and keeps vLLM's IR-level fusi
 The priority is set from the platform default while vLLM builds its config in the front end; the config,
 with "sk" in it, is what engine core and workers receive and install (and it enters vLLM's compile-cache hash).
 """
-import torch
 from torch import Tensor
 
 import sk

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU suite in one command, on any CUDA machine with torch and triton:
 #   ci/gpu/run.sh OUTDIR
-# installs this checkout (no dependencies fetched), runs the whole test suite (GPU-marked tests included),
+# installs this checkout (no dependencies fetched), runs the op/module test suite (GPU-marked tests included;
+# the engine tests under tests/*/ need the CPU venvs and have GPU scripts of their own in ci/gpu/),
 # then the ops benchmark against PyTorch and the importable peers, writing logs, JSON, Markdown and a plot
 # into OUTDIR. Set SK_GPU_STEPS to a subset of "tests tune bench geglu" to run less.
 set -uo pipefail
@@ -21,7 +22,7 @@ python3 -c 'import torch, triton; p = torch.cuda.get_device_properties(0); print
 status=0
 for step in $steps; do
   case $step in
-    tests) python3 -m pytest -q -p no:cacheprovider -m "not vllm and not sglang" tests 2>&1 | tee "$out/tests.log"
+    tests) python3 -m pytest -q -p no:cacheprovider tests/test_*.py 2>&1 | tee "$out/tests.log"
            status=$((status | ${PIPESTATUS[0]})) ;;
     tune)  python3 benchmarks/tune_launch.py "$out" 2>&1 | tee "$out/tune.log" ;;
     bench) sk bench --peers --out "$out" 2>&1 | tee "$out/bench.log" ;;

@@ -41,42 +41,36 @@ _ADAPTER_VARIABLES = ("SK_ADAPTERS", "SK_STRICT", "SK_REPORT_DIR")
 VARIANTS = ("stock", "ours")
 
 
-def lm_eval_model_args(scenario, model: str, enforce_eager: bool) -> str:
+def lm_eval_model_args(scenario, model: str, enforce_eager: bool) -> dict:
+    """lm-eval's VLLM arguments (the unknown ones go on to vllm.LLM) for one scenario row."""
     args = {"pretrained": model, "dtype": scenario.dtype, "tensor_parallel_size": scenario.tp,
-            "kv_cache_dtype": scenario.kv_cache_dtype, "add_bos_token": True, "seed": 0,
+            "kv_cache_dtype": scenario.kv_cache_dtype, "add_bos_token": True, "seed": 0, "batch_size": "auto",
             "enforce_eager": enforce_eager, **scenario.engine_args}
     for key in ("max_model_len", "kv_cache_memory_bytes"):
         if getattr(scenario, key) is not None:
             args[key] = getattr(scenario, key)
-    return ",".join(f"{k}={v}" for k, v in args.items())
+    return args
 
 
-def run_lm_eval(model_args: str, out_dir: Path, env: dict[str, str], limit: int | None) -> dict:
-    """One lm-eval run in a child process; returns {"results": ..., "samples": {task: [sample, ...]}}."""
+def run_lm_eval(model_args: dict, out_dir: Path, env: dict[str, str], limit: int | None) -> dict:
+    """One lm-eval run (sk.evals.lm_eval_job) in a child process; its log goes to out_dir/lm_eval.log."""
     from sk.workflow.errors import WorkflowError
 
-    command = [sys.executable, "-m", "lm_eval", "--model", "vllm", "--model_args", model_args,
-               "--include_path", str(TASKS_DIR), "--tasks", ",".join(TASKS), "--batch_size", "auto",
-               "--output_path", str(out_dir / "lm_eval"), "--log_samples"]
-    if limit:
-        command += ["--limit", str(limit)]
+    job, out = out_dir / "job.json", out_dir / "lm_eval.json"
+    job.write_text(json.dumps({"model_args": model_args, "limit": limit, "out": str(out)}))
+    out.unlink(missing_ok=True)
     tail: deque[str] = deque(maxlen=40)
     with open(out_dir / "lm_eval.log", "w") as log, subprocess.Popen(
-        command, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1
+        [sys.executable, "-m", "sk.evals.lm_eval_job", str(job)], env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1,
     ) as child:
         for line in child.stdout:
             log.write(line)
             tail.append(line)
-    results = sorted((out_dir / "lm_eval").rglob("results_*.json"))
-    if child.returncode != 0 or not results:
+    if child.returncode != 0 or not out.exists():
         raise WorkflowError(f"lm-eval failed (exit code {child.returncode}); its log is {out_dir / 'lm_eval.log'},"
                             " ending with:\n" + "".join(tail))
-    samples = {}
-    for task in TASKS:
-        path = max((out_dir / "lm_eval").rglob(f"samples_{task}_*.jsonl"))
-        samples[task] = sorted((json.loads(line) for line in path.read_text().splitlines()),
-                               key=lambda s: s["doc_id"])
-    return {"results": json.loads(results[-1].read_text())["results"], "samples": samples}
+    return json.loads(out.read_text())
 
 
 def metrics(results: dict) -> dict[tuple[str, str], float]:
@@ -105,22 +99,21 @@ def disagreements(stock: list[dict], ours: list[dict]) -> list[dict]:
 def max_loglikelihood_difference(stock: list[dict], ours: list[dict]) -> float | None:
     """Largest |log p(stock) - log p(ours)| over every scored choice: how far apart the kernels are, in nats."""
     diffs = [abs(float(ra[0]) - float(rb[0])) for a, b in zip(stock, ours)
-             for ra, rb in zip(a["filtered_resps"], b["filtered_resps"]) if isinstance(ra, list)]
+             for ra, rb in zip(a["filtered_resps"], b["filtered_resps"]) if not isinstance(ra, str)]
     return max(diffs) if diffs else None
 
 
-def candidate_activity(report_dir: Path) -> dict:
-    """Our adapter's merged per-process reports: replaced layers and op calls (kernel + PyTorch fallback)."""
+def candidate_activity(reports: list[dict]) -> dict:
+    """Our adapter's reports, one per engine worker, merged: replaced layers and op calls (kernel + fallback)."""
     from sk.adapters import _common
 
-    reports = _common.read_reports(report_dir, "vllm")
     if not reports:
-        return {"processes": 0, "replaced": {}, "op_calls": {}}
+        return {"workers": 0, "replaced": {}, "op_calls": {}}
     merged = _common.merge_reports(reports)
     calls = dict(merged["coverage"]["kernel_calls"])
     for fallback in merged["coverage"]["fallbacks"]:
         calls[fallback["op"]] = calls.get(fallback["op"], 0) + fallback["count"]
-    return {"processes": len(reports), "replaced": merged["replaced"], "op_calls": calls}
+    return {"workers": len(reports), "replaced": merged["replaced"], "op_calls": calls}
 
 
 def compare(stock: dict, ours: dict, tolerance: float) -> dict:
@@ -132,11 +125,12 @@ def compare(stock: dict, ours: dict, tolerance: float) -> dict:
                      "delta": delta, "ok": abs(delta) <= tolerance})
     tasks = {}
     for task in TASKS:
-        flips = disagreements(stock["samples"][task], ours["samples"][task])
-        items = len(stock["samples"][task])
-        tasks[task] = {"items": items, "disagreements": flips, "ok": len(flips) <= tolerance * items,
-                       "max_loglikelihood_difference": max_loglikelihood_difference(
-                           stock["samples"][task], ours["samples"][task])}
+        stock_samples, our_samples = ([*sorted(run["samples"][task], key=lambda s: s["doc_id"])]
+                                      for run in (stock, ours))
+        flips = disagreements(stock_samples, our_samples)
+        tasks[task] = {"items": len(stock_samples), "disagreements": flips,
+                       "ok": len(flips) <= tolerance * len(stock_samples),
+                       "max_loglikelihood_difference": max_loglikelihood_difference(stock_samples, our_samples)}
     return {"tolerance": tolerance, "metrics": rows, "tasks": tasks}
 
 
@@ -162,7 +156,7 @@ def print_report(label: str, comparison: dict, activity: dict, console) -> None:
         if len(flips) > 10:
             console.print(f"  ... {len(flips) - 10} more in the gate's JSON")
     calls = ", ".join(f"{op} {n}" for op, n in sorted(activity["op_calls"].items())) or "none"
-    console.print(f"our ops in the candidate run ({activity['processes']} engine processes reporting): {calls}")
+    console.print(f"our ops in the candidate run ({activity['workers']} engine workers reporting): {calls}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,11 +195,11 @@ def main(argv: list[str] | None = None) -> int:
                 out_dir.mkdir(parents=True, exist_ok=True)
                 env = dict(base_env)
                 if variant == "ours":
-                    env |= {"SK_ADAPTERS": "vllm", "SK_REPORT_DIR": str(out_dir / "reports"), **extra}
+                    env |= {"SK_ADAPTERS": "vllm", **extra}
                 console.print(f"{scenario.label}: lm-eval, {variant} kernels ({out_dir / 'lm_eval.log'})")
                 runs[variant] = run_lm_eval(model_args, out_dir, env, args.limit)
             comparison = compare(runs["stock"], runs["ours"], TOLERANCE[scenario.dtype])
-            activity = candidate_activity(out_root / scenario.slug / "ours" / "reports")
+            activity = candidate_activity(runs["ours"]["adapter_reports"])
             print_report(scenario.label, comparison, activity, console)
             ok = (all(r["ok"] for r in comparison["metrics"]) and all(t["ok"] for t in comparison["tasks"].values())
                   and sum(activity["op_calls"].values()) > 0)

@@ -20,19 +20,18 @@ def _ops(value: str) -> tuple[str, ...]:
     return tuple(op for op in ALL_OPS if op in ops)  # canonical order: the output does not depend on the spelling
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sk export", description=__doc__)
-    p.add_argument("--engine", choices=sorted(ENGINES), required=True)
-    p.add_argument("--ops", type=_ops, default=ALL_OPS, help=f"comma-separated, default all: {','.join(ALL_OPS)}")
-    p.add_argument("--source", help="pristine engine sources: a folder holding the package (e.g. a site-packages) "
-                                    "or a wheel; default: the engine installed in this Python")
-    p.add_argument("--out", type=Path, help="default: upstream_patches/<engine>/<version>/")
-    p.add_argument("--results", type=Path, default=REPO / "results", help="our committed results (PR tables)")
-    return p
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `sk export` (shared by `main` and the `sk` command's subparser)."""
+    parser.add_argument("--engine", choices=sorted(ENGINES), required=True)
+    parser.add_argument("--ops", type=_ops, default=ALL_OPS,
+                        help=f"comma-separated, default all: {','.join(ALL_OPS)}")
+    parser.add_argument("--source", help="pristine engine sources: a folder holding the package (e.g. a "
+                                         "site-packages) or a wheel; default: the engine installed in this Python")
+    parser.add_argument("--out", type=Path, help="default: upstream_patches/<engine>/<version>/")
+    parser.add_argument("--results", type=Path, default=REPO / "results", help="our committed results (PR tables)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
     try:
         tree = open_tree(args.engine, args.source)
         files = build(tree, args.ops, args.results)
@@ -43,3 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     write(files, out)
     print(f"sk export: {len(files)} files for {args.engine} {tree.version()} ({', '.join(args.ops)}) in {out}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sk export", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -48,6 +48,7 @@ _CLASHING = ("_launch",)
 _PREAMBLE = '''\
 import collections
 import logging
+import os
 
 import torch
 import triton
@@ -63,6 +64,15 @@ def _count_launch(op: str) -> None:
     if not LAUNCHES[op]:
         logger.info("Standard Kernels: first launch of the %s Triton kernel", op)
     LAUNCHES[op] += 1
+
+
+# Read once, as Triton does; a constant also keeps `launchable` traceable by torch.compile.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def launchable(x: torch.Tensor) -> bool:
+    """Whether these kernels can run on x's device: CUDA, or anywhere under Triton's interpreter (CPU CI)."""
+    return x.is_cuda or _INTERPRETED
 '''
 
 _NORM_OPS = '''
@@ -169,9 +179,9 @@ def _suffix_clashing(code: str, family: str) -> str:
 def render(ops: tuple[str, ...], header: str, op_namespace: str) -> str:
     """The module's text: `header` (license line and docstring, the engine's conventions), then the kernels
     of the families `ops` need and their custom ops registered under `op_namespace`."""
-    parts = [header.rstrip("\n"), _PREAMBLE.rstrip("\n"), "\n\n".join(_definitions(COMMON))]
+    parts = [header.rstrip("\n") + "\n\n" + _PREAMBLE.rstrip("\n"), "\n\n".join(_definitions(COMMON))]
     for family in families(ops):
         body = "\n\n\n".join(_suffix_clashing(code, family) for code in _definitions(FAMILIES[family]))
-        parts.append(f"# {'-' * 40} {family} (generated from {FAMILIES[family].module})\n\n{body}")
+        parts.append(f"# {'-' * 40} {family} (from Standard Kernels' {FAMILIES[family].module})\n\n{body}")
         parts.append(_OPS_TEMPLATE[family].format(ns=op_namespace).strip("\n"))
     return "\n\n\n".join(parts) + "\n"

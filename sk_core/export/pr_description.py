@@ -2,9 +2,8 @@
 our committed results under `results/` at export time."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
-
-from sk.export.kernel_module import families
 
 _LAYERS = {
     "vllm": {
@@ -24,30 +23,28 @@ _LAYERS = {
 }
 
 
-def result_tables(results: Path, keywords: set[str]) -> tuple[list[tuple[str, str]], list[str]]:
-    """(path, text) of each Markdown result whose path or title names one of `keywords`, and the paths of the
-    others (listed, so a reader sees what exists)."""
-    matching, others = [], []
+def result_tables(results: Path, ops: tuple[str, ...], engine: str) -> list[tuple[str, str]]:
+    """(path, text) of each Markdown result that names one of `ops` or sits under a path naming `engine`
+    (e.g. the adapter's parity and throughput runs); other results are about other ops and stay out."""
+    names = re.compile(r"\b(" + "|".join(map(re.escape, ops)) + r")\b")
+    matching = []
     for md in sorted(results.rglob("*.md")) if results.is_dir() else []:
-        text = md.read_text()
         rel = md.relative_to(results.parent).as_posix()
-        title = text.splitlines()[0].lower() if text else ""
-        if any(k in rel.lower() or k in title for k in keywords):
+        text = md.read_text()
+        if names.search(text) or engine in rel.lower():
             matching.append((rel, text))
-        else:
-            others.append(rel)
-    return matching, others
+    return matching
 
 
 def render(engine: str, target: str, ops: tuple[str, ...], switch: str, results: Path, patches: list[str]) -> str:
     rows = "\n".join(f"| `{op}` | {_LAYERS[engine][op]} |" for op in ops)
-    matching, others = result_tables(results, set(ops) | set(families(ops)) | {engine})
+    matching = result_tables(results, ops, engine)
     if matching:
         tables = "\n\n".join(f"From `{path}`:\n\n{text.strip()}" for path, text in matching)
     else:
-        tables = ("No committed results cover these ops in " + engine + " yet. Present under `results/`: "
-                  + (", ".join(f"`{p}`" for p in others) or "nothing") + " (other ops). The H200 check in "
-                  "upstream_patches/README.md produces the parity and throughput numbers for this series.")
+        tables = (f"No committed Standard Kernels results cover these ops or {engine} yet. The H200 check in "
+                  "Standard Kernels' upstream_patches/README.md produces the parity and throughput numbers for "
+                  "this series; re-export afterwards to include them here.")
     return f"""# Standard Kernels' Triton kernels for {engine}: {", ".join(ops)}
 
 Target: {target}

@@ -3,6 +3,7 @@ test, render the numbered patches and the cover letter, and write them."""
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 from sk.export import kernel_module, patch_format, pr_description, sglang_series, vllm_series
@@ -44,17 +45,17 @@ def build(tree: SourceTree, ops: tuple[str, ...], results: Path) -> dict[str, st
     """File name -> text of the series for `ops` against `tree`."""
     target = check_tree(tree)
     engine = ENGINES[tree.engine]
-    kernel = kernel_module.render(ops, engine.KERNEL_HEADER, engine.OP_NAMESPACE) + engine.LAUNCHABLE
+    kernel = kernel_module.render(ops, engine.KERNEL_HEADER, engine.OP_NAMESPACE)
     wiring = [patch_format.FileChange(path, None, text) for path, text in engine.new_files(ops).items()]
     edits = engine.edits(ops)
     for path in dict.fromkeys(e.path for e in edits):
         before = tree.read(path)
         wiring.append(patch_format.FileChange(path, before, apply_all(before, [e for e in edits if e.path == path])))
-    layers = ", ".join(ops)
+    op_list = ", ".join(ops)
     patches = [
         ("Add Standard Kernels' Triton kernels",
-         f"Adds {engine.KERNEL_PATH}: Triton kernels for {layers}, wrapped as torch custom ops\n"
-         f"({engine.OP_NAMESPACE}::standard_kernels_*). Nothing uses them yet.",
+         textwrap.fill(f"Adds {engine.KERNEL_PATH}: Triton kernels for {op_list}, wrapped as torch custom ops "
+                       f"({engine.OP_NAMESPACE}::standard_kernels_*). Nothing uses them yet.", 100),
          [patch_format.FileChange(engine.KERNEL_PATH, None, kernel)]),
         (f"Use Standard Kernels' kernels in the layers when {engine.SWITCH}=1",
          "The series, under the engine's conventions (this patch is the wiring):\n\n"

@@ -32,15 +32,6 @@ activations are computed in fp32 and each output is rounded once. Used by the "s
 provider (vllm/kernels/standard_kernels_ops.py) and by GemmaRMSNorm, SiluAndMul and GeluAndMul when
 VLLM_USE_STANDARD_KERNELS=1.
 """
-import os
-'''
-
-# Appended to the kernel module: Triton runs on CUDA, or anywhere under its interpreter (CPU CI).
-LAUNCHABLE = '''
-
-def launchable(x: torch.Tensor) -> bool:
-    """Whether these kernels can run on x's device."""
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 '''
 
 
@@ -82,10 +73,15 @@ kernel_config.ir_op_priority. Partial-width variance, weightless norms and mixed
 supported: vLLM then takes the next provider in priority.
 """
 
+import importlib.util
+
 from torch import Tensor
 
 from vllm import ir
-from vllm.triton_utils import HAS_TRITON
+
+# Triton itself rather than vllm.triton_utils.HAS_TRITON: on CPU vLLM reports no Triton
+# (it expects triton-cpu), while these kernels run there under TRITON_INTERPRET=1.
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 if HAS_TRITON:
     from vllm.kernels.triton import standard_kernels

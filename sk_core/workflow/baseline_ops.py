@@ -7,9 +7,10 @@ baseline needs neither vLLM nor a GPU. No `from __future__ import annotations` h
 signatures, and they must read as code.
 """
 import torch
+from torch import nn
+
 from sk.ops.act_and_mul import act_and_mul_reference
 from sk.ops.rms_norm import fused_add_rms_norm_reference, rms_norm_reference
-from torch import nn
 
 
 class RMSNorm(nn.Module):

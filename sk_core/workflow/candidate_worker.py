@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 import torch
+
 from sk.workflow.candidates import CANDIDATE_DIR_ENV, candidate_path, load_candidate
 from sk.workflow.operators import OPERATORS
 

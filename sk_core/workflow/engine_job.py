@@ -16,10 +16,11 @@ import statistics
 import sys
 import time
 
+from tqdm import tqdm
+
 from sk.workflow import prompts
 from sk.workflow.scenarios import TINY_PREFIX, Scenario
 from sk.workflow.workloads import Purpose, resolve
-from tqdm import tqdm
 
 EVENT_PREFIX = "@sk-event "
 CAPTURE_EXTENSION = "sk.workflow.capture_worker.OperatorCapture"

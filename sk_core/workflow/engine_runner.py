@@ -16,6 +16,7 @@ from collections import deque
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from sk.workflow.candidates import CANDIDATE_DIR_ENV
 from sk.workflow.engine_job import EVENT_PREFIX
 from sk.workflow.errors import WorkflowError

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
 from sk.adapters._common import merge_reports, read_reports
 from sk.workflow import scenarios
 from sk.workflow.candidates import candidate_path, load_candidate

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.table import Table
+
 from sk.workflow.candidates import load_candidate
 from sk.workflow.capture import load_captures
 from sk.workflow.errors import WorkflowError

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
 from sk.workflow.errors import WorkflowError
 from sk.workflow.workloads import Workload, resolve
 
@@ -90,8 +91,9 @@ class Scenario(BaseModel):
 
     @property
     def slug(self) -> str:
-        """A file-name-safe name for this scenario's outputs."""
-        return f"{self.model.replace('/', '--')}-tp{self.tp}-{self.dtype}"
+        """A file-name-safe name for this scenario's outputs (project models of other sizes get their spec key)."""
+        model = self.tiny_model_spec().key() if self.model_spec else self.model.replace("/", "--")
+        return f"{model}-tp{self.tp}-{self.dtype}"
 
     def workload_members(self) -> list[Workload]:
         return [resolve(token) for token in self.workloads]

@@ -9,7 +9,6 @@ import argparse
 import json
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,22 +32,26 @@ OPS = {
 }
 RUN_TIMEOUT_S = 900
 
-_runs: dict[tuple[str, str, str], dict] = {}
+@pytest.fixture(scope="module")
+def engine_run(vllm_python, engine_env, tmp_path_factory):
+    """engine_run(style, mode, variant): tokens and per-process adapter reports of that engine run, which
+    runs once per module and is then shared by every assertion."""
+    runs: dict[tuple[str, str, str], dict] = {}
 
+    def run(style: str, mode: str, variant: str) -> dict:
+        key = (style, mode, variant)
+        if key not in runs:
+            work = tmp_path_factory.mktemp(f"vllm-{style}-{mode}-{variant}")
+            env = {**engine_env, **VARIANTS[variant], "SK_REPORT_DIR": str(work / "reports")}
+            out = work / "tokens.json"
+            done = subprocess.run([vllm_python, __file__, "--style", style, "--mode", mode, "--out", str(out)],
+                                  env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+            if done.returncode:
+                pytest.fail(f"engine run {key} failed (rc {done.returncode}):\n{done.stderr[-6000:]}")
+            runs[key] = {**json.loads(out.read_text()), "reports": read_reports(work / "reports")}
+        return runs[key]
 
-def engine_run(python: str, env: dict, style: str, mode: str, variant: str) -> dict:
-    """Tokens and per-process adapter reports of one engine run (run once per session, then reused)."""
-    key = (style, mode, variant)
-    if key not in _runs:
-        work = Path(tempfile.mkdtemp(prefix=f"sk-vllm-{style}-{mode}-{variant}-"))
-        run_env = {**env, **VARIANTS[variant], "SK_REPORT_DIR": str(work / "reports")}
-        out = work / "tokens.json"
-        done = subprocess.run([python, __file__, "--style", style, "--mode", mode, "--out", str(out)],
-                              env=run_env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-        if done.returncode:
-            pytest.fail(f"engine run {key} failed (rc {done.returncode}):\n{done.stderr[-6000:]}")
-        _runs[key] = {**json.loads(out.read_text()), "reports": read_reports(work / "reports")}
-    return _runs[key]
+    return run
 
 
 def worker_reports(run: dict) -> list[dict]:
@@ -59,9 +62,9 @@ def worker_reports(run: dict) -> list[dict]:
 @pytest.mark.parametrize("variant", ["sk-torch", "sk-triton"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("style", STYLES)
-def test_adapter_tokens_equal_stock(vllm_python, engine_env, style, mode, variant):
-    stock = engine_run(vllm_python, engine_env, style, mode, "stock")
-    ours = engine_run(vllm_python, engine_env, style, mode, variant)
+def test_adapter_tokens_equal_stock(engine_run, style, mode, variant):
+    stock = engine_run(style, mode, "stock")
+    ours = engine_run(style, mode, variant)
     assert len(stock["tokens"]) == len(PROMPTS)
     assert ours["tokens"] == stock["tokens"]
 
@@ -69,11 +72,11 @@ def test_adapter_tokens_equal_stock(vllm_python, engine_env, style, mode, varian
 @pytest.mark.vllm
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("style", STYLES)
-def test_worker_report_shows_our_ops(vllm_python, engine_env, style, mode):
+def test_worker_report_shows_our_ops(engine_run, style, mode):
     # Through the references every call is a recorded fallback with its reason; interpreted, every call is
     # a kernel call and nothing falls back.
-    torch_run = engine_run(vllm_python, engine_env, style, mode, "sk-torch")
-    triton_run = engine_run(vllm_python, engine_env, style, mode, "sk-triton")
+    torch_run = engine_run(style, mode, "sk-torch")
+    triton_run = engine_run(style, mode, "sk-triton")
     (torch_worker,) = worker_reports(torch_run)
     (triton_worker,) = worker_reports(triton_run)
     for report in (torch_worker, triton_worker):
@@ -95,8 +98,8 @@ def test_worker_report_shows_our_ops(vllm_python, engine_env, style, mode):
 
 
 @pytest.mark.vllm
-def test_stock_run_replaces_nothing(vllm_python, engine_env):
-    stock = engine_run(vllm_python, engine_env, "llama", "eager", "stock")
+def test_stock_run_replaces_nothing(engine_run):
+    stock = engine_run("llama", "eager", "stock")
     assert stock["reports"] == []  # the plugin is installed but not switched on: no process activated it
 
 

@@ -80,4 +80,6 @@ def test_op_selection_limits_the_series(tmp_path):
     assert main(["--engine", "vllm", "--ops", "silu_and_mul", "--source", source, "--out", str(tmp_path)]) == 0
     text = "".join(p.read_text() for p in sorted(tmp_path.glob("*.patch")))
     assert "_act_and_mul_kernel" in text and "_rms_norm_kernel" not in text
-    assert "class GeluAndMul" not in text and "standard_kernels_ops" not in text
+    assert "+++ b/vllm/kernels/standard_kernels_ops.py" not in text
+    assert "+++ b/vllm/model_executor/layers/layernorm.py" not in text
+    assert text.count("+    def forward_standard_kernels(") == 1  # SiluAndMul's only

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from sk.workflow.engine_job import truncated_model_args
 from sk.workflow.scenarios import Scenario
 

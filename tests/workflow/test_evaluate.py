@@ -1,5 +1,6 @@
 """The eval's comparison and tables, on engine results written here."""
 from rich.console import Console
+
 from sk.workflow import evaluate
 from sk.workflow.scenarios import Scenario
 

@@ -2,6 +2,7 @@
 from pathlib import Path
 
 import pytest
+
 from sk.cli import main
 from sk.workflow import scenarios
 from sk.workflow.errors import WorkflowError

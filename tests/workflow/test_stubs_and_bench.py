@@ -3,6 +3,7 @@ import json
 
 import pytest
 import torch
+
 from sk.cli import main
 from sk.workflow import candidates, stubs
 from sk.workflow.capture import SCHEMA

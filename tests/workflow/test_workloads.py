@@ -1,5 +1,6 @@
 """Workloads: every member resolves to a purpose with parameters; a member without one fails loudly, by name."""
 import pytest
+
 from sk.workflow import workloads
 from sk.workflow.errors import WorkflowError
 from sk.workflow.workloads import LLM, LatencyWorkload, Purpose, ThroughputWorkload

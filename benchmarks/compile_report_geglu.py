@@ -1,0 +1,80 @@
+"""Compile the GEGLU GEMM kernels for sm90 on any machine (no GPU needed) and report what the compiler did:
+shared memory, registers, spill stack, and whether the matrix products became wgmma.
+
+    python benchmarks/compile_report_geglu.py [--sweep]
+
+Uses the ptxas and cuobjdump that ship inside Triton's wheel. Without --sweep it reports the configs the op
+chooses for the benchmark shapes; with --sweep, every candidate of bench_geglu.py's sweep (a spilling
+candidate is not worth device time).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_geglu import SHAPES, SWEEP  # noqa: E402
+
+geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
+SM90 = GPUTarget("cuda", 90, 32)
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def _desc(rows, cols):
+    return f"tensordesc<bf16[{rows}, {cols}]>"
+
+
+def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int) -> str:
+    if kind == "gate_up":
+        fn = geglu._gate_up_kernel
+        signature = {"x_desc": _desc(c.block_m, c.block_k), "stats_ptr": "*fp32", "ln_w_ptr": "*fp32",
+                     "ln_b_ptr": "*fp32", "wg_desc": _desc(c.block_n, c.block_k),
+                     "wu_desc": _desc(c.block_n, c.block_k), "bg_ptr": "*fp32", "bu_ptr": "*fp32",
+                     "h_ptr": "*bf16", "gu_ptr": "*bf16", "n_rows": "i32", "d": "i32", "ff": "i32"}
+        constexprs = dict(FF_ALIGN=geglu._align(ff), K_BLOCKS=geglu._cdiv(d, c.block_k), HAS_LN_BIAS=True,
+                          HAS_GATE_BIAS=True, HAS_UP_BIAS=True, STORE_PREACT=False, APPROX_TANH=False)
+    else:
+        fn = geglu._down_kernel
+        signature = {"h_desc": _desc(c.block_m, c.block_k), "wd_desc": _desc(c.block_n, c.block_k),
+                     "bd_ptr": "*fp32", "x_desc": _desc(c.block_m, c.block_n), "y_desc": _desc(c.block_m, c.block_n),
+                     "partial_ptr": "*fp32", "arrivals_ptr": "*i32", "n_rows": "i32", "d": "i32"}
+        constexprs = dict(K_BLOCKS_PER_SPLIT=geglu._cdiv(geglu._cdiv(ff, c.block_k), c.split_k), HAS_BIAS=True,
+                          SPLIT_K=c.split_k)
+    constexprs.update(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
+    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=SM90,
+                            options={"num_warps": c.num_warps, "num_stages": c.num_stages})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    resources = " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage))
+    return f"shared={kernel.metadata.shared} {resources} wgmma={'wgmma' in kernel.asm['ptx']}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sweep", action="store_true", help="report every sweep candidate too")
+    args = parser.parse_args(argv)
+    for name, (m, d, ff) in SHAPES.items():
+        chosen = dict(zip(("gate_up", "down"), geglu.choose_configs(m, d, ff)))
+        for kind, config in chosen.items():
+            candidates = [config]
+            if args.sweep:
+                candidates += [geglu.GemmConfig(*c[:5], split_k=c[5] if len(c) > 5 else 1).fitted(
+                    m, ff if kind == "gate_up" else d, d if kind == "gate_up" else ff) for c in SWEEP[name][kind]]
+            for c in candidates:
+                print(f"[{name}] {kind} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} "
+                      f"split{c.split_k}: {compile_report(kind, c, d, ff)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

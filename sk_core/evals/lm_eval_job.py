@@ -1,0 +1,43 @@
+"""One lm-eval run of the project's tasks in a vLLM engine, in this process (the gate starts one per variant).
+
+    python -m sk.evals.lm_eval_job JOB.json      # {"model_args": {...}, "limit": N|null, "out": PATH}
+
+Writes {"results", "samples", "adapter_reports"} to `out`. lm-eval is used through its Python API rather than
+its CLI so that, while the engine still runs, each worker can be asked for our adapter's report
+(`collective_rpc`): at-exit report files are lost when vLLM force-kills a busy worker at shutdown.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from sk.evals.task_data import TASK_FILES, TASKS_DIR
+
+
+def main(job_path: str) -> None:
+    job = json.loads(Path(job_path).read_text())
+    ask_workers = "vllm" in os.environ.get("SK_ADAPTERS", "").split(",")
+    if ask_workers:
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc ships a function (pickled)
+
+    import lm_eval
+    from lm_eval.models.vllm_causallms import VLLM
+    from lm_eval.tasks import TaskManager
+
+    lm = VLLM(**job["model_args"])
+    evaluation = lm_eval.simple_evaluate(model=lm, tasks=list(TASK_FILES), limit=job["limit"],
+                                         task_manager=TaskManager(include_path=str(TASKS_DIR)),
+                                         log_samples=True)
+    reports = []
+    if ask_workers:
+        from sk.adapters.vllm import report
+
+        reports = lm.model.collective_rpc(report)
+    out = {"results": evaluation["results"], "samples": evaluation["samples"], "adapter_reports": reports}
+    Path(job["out"]).write_text(json.dumps(out, default=str))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
