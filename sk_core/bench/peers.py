@@ -37,7 +37,7 @@ def _peer_modules() -> dict[str, object]:
     """The peer libraries importable here (each optional)."""
     found = {}
     try:
-        import vllm._C  # noqa: F401  registers torch.ops._C
+        import vllm._custom_ops  # noqa: F401  loads vLLM's kernel libraries, which register torch.ops._C
 
         found["vllm_C"] = torch.ops._C
     except Exception:

@@ -39,9 +39,8 @@ def _act_and_mul_kernel(x_ptr, x_stride, y_ptr, y_stride, n_rows, d, ACT: tl.con
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
-    # Each input element is read once: evict it first so that the writes keep L2.
-    g = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-    u = tl.load(x_ptr + row * x_stride + d + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    g = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + row * x_stride + d + cols, mask=mask, other=0.0).to(tl.float32)
     if ACT == "silu":
         a = g * tl.sigmoid(g)
     elif ACT == "gelu":

@@ -35,11 +35,10 @@ def _rms_norm_kernel(
     for i in tl.static_range(ROWS_PER_PROGRAM):
         row = tl.program_id(0).to(tl.int64) * ROWS_PER_PROGRAM + i
         mask = col_mask & (row < n_rows)
-        # Rows are read once: evict them first so that the weight and the writes keep L2.
-        x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        # No eviction hints: evict_first on these streamed rows measured 3-5% slower on an H200.
+        x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_RESIDUAL:
-            r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-            r = r.to(tl.float32)
+            r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0).to(tl.float32)
             summed = (x + r).to(res_out_ptr.dtype.element_ty)
             tl.store(res_out_ptr + row * res_out_stride + cols, summed, mask=mask)
             x = summed.to(tl.float32)
