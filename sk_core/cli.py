@@ -197,6 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--out", default="results/eval", help="folder for the JSON, the PNG chart and engine logs")
     evaluate.set_defaults(func=cmd_eval)
 
+    from sk.export.command import add_arguments as export_arguments
+    from sk.export.command import run as cmd_export
+
+    export = sub.add_parser("export", help="upstream patch series of our kernels against vLLM/SGLang sources")
+    export_arguments(export)
+    export.set_defaults(func=cmd_export)
+
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -2,7 +2,8 @@
 
     python3 ci/gpu/export_check.py OUTDIR [--series upstream_patches/vllm/0.25.0] [--tp 2]
 
-1. Copies the installed vllm package to OUTDIR/patched/ and applies the series there (`git apply --check` first).
+1. Copies the installed vllm package to a temporary folder and applies the series there (`git apply --check`
+   first).
 2. Runs the series' own kernel test from the patched tree on the GPU.
 3. Runs ci/gpu/vllm_check.py's comparison with a third variant, "patched": the engine imported from the patched
    copy with VLLM_USE_STANDARD_KERNELS=1 and our adapter off (bf16, compile + CUDA graphs; tokens, throughput,
@@ -17,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +44,7 @@ def main() -> int:
     parser.add_argument("--tp", type=int, default=1)
     args = parser.parse_args()
     args.outdir.mkdir(parents=True, exist_ok=True)
-    root = patch_installed_vllm(args.series, args.outdir / "patched")
+    root = patch_installed_vllm(args.series, Path(tempfile.mkdtemp(prefix="vllm-patched-")))
     pythonpath = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
     test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            str(root / "tests" / "kernels" / "core" / "test_standard_kernels.py")],

@@ -27,6 +27,12 @@ GeluAndMul when SGLANG_USE_STANDARD_KERNELS=1.
 """
 '''
 
+_ENV_DECLARATION = f'''    # Standard Kernels' Triton RMSNorm, GemmaRMSNorm, SiluAndMul and GeluAndMul
+    # (python/sglang/srt/layers/standard_kernels.py)
+    {SWITCH} = EnvBool(False)
+
+'''
+
 _BIND_FORWARD = f'''        if envs.{SWITCH}.get():
             # Standard Kernels' Triton kernel, whichever platform forward was chosen.
             self._forward_method = self.forward_standard_kernels
@@ -93,8 +99,7 @@ def new_files(ops: tuple[str, ...]) -> dict[str, str]:
 
 
 def edits(ops: tuple[str, ...]) -> list:
-    found = [InsertAtLine("python/sglang/srt/environ.py", "SGLANG_USE_AITER = EnvBool(False)",
-                          f"    {SWITCH} = EnvBool(False)\n")]
+    found = [InsertAtLine("python/sglang/srt/environ.py", "# Model & File Download", _ENV_DECLARATION, before=True)]
     if {"rms_norm", "fused_add_rms_norm"} & set(ops):
         found.append(InsertAfterMethod(LAYERNORM, "RMSNorm", "__init__", _BIND_FORWARD + _NORM_FORWARD.format(
             unsupported=_condition(_RMS_NORM_UNSUPPORTED), offset="0.0")))

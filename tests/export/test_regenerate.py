@@ -37,7 +37,10 @@ def _source(engine: str, version: str) -> str | None:
     return _sglang_site_packages()
 
 
-@pytest.mark.parametrize("engine,version", sorted(KNOWN))
+# The SGLang sources come from its venv (built on first use): marked like the other SGLang tests.
+@pytest.mark.parametrize("engine,version", [
+    pytest.param(engine, version, marks=[pytest.mark.sglang] if engine == "sglang" else [])
+    for engine, version in sorted(KNOWN)])
 def test_regenerated_series_equals_committed(engine, version, tmp_path):
     source = _source(engine, version)
     if source is None:
