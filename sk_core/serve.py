@@ -1,6 +1,6 @@
 """sk-serve: start an engine's OpenAI-compatible server with Standard Kernels active in all its processes.
 
-    sk-serve --engine vllm MODEL [--strict] [--no-sk] [--report-dir DIR] [vllm serve arguments...]
+    sk-serve --engine vllm|sglang MODEL [--strict] [--no-sk] [--report-dir DIR] [engine server arguments...]
 
 The server runs as a child in its own process group, with SK_ADAPTERS set so that the engine's plugin entry
 point activates our layers in every process it starts. SIGINT/SIGTERM are passed on for the engine's own
@@ -11,22 +11,26 @@ no worker outlives sk-serve. At exit the per-process reports are summed and prin
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from types import ModuleType
 
 from sk.adapters import _common
-from sk.adapters.vllm.support import UnsupportedVllmError, check_installed_vllm
 
-# How long vLLM gives its own processes to stop (its --shutdown-timeout), how long the engine gets to stop by
-# itself after our signal, then after SIGTERM to its whole process group.
-ENGINE_SHUTDOWN_S = 10
+# How long the engine gets to stop by itself after our signal, then after SIGTERM to its whole process group.
 GRACE_S = 30.0
 TERM_S = 10.0
-ENGINES = ("vllm",)
+# Each engine's part: engine_command(model, args), activation_summary(strict, report_dir), before_stop(args).
+ENGINES = {"vllm": "sk.adapters.vllm.serve", "sglang": "sk.adapters.sglang.serve"}
+
+
+def engine_part(engine: str) -> ModuleType:
+    return importlib.import_module(ENGINES[engine])
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -34,7 +38,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         prog="sk-serve",
         description="Serve a model with an inference engine, Standard Kernels active in every engine process. "
                     "Arguments not listed here go to the engine's server unchanged; vLLM gets "
-                    f"--shutdown-timeout {ENGINE_SHUTDOWN_S} unless given one, so its workers stop cleanly.",
+                    "--shutdown-timeout 10 unless given one, so its workers stop cleanly.",
     )
     parser.add_argument("--engine", choices=ENGINES, required=True)
     parser.add_argument("model", help="model path or name, as the engine takes it")
@@ -42,15 +46,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--no-sk", action="store_true", help="run the stock engine, for comparison")
     parser.add_argument("--report-dir", help="where each engine process writes its report (default: a new temp dir)")
     return parser.parse_known_args(argv)
-
-
-def engine_command(engine: str, model: str, engine_args: list[str]) -> list[str]:
-    # vLLM's default shutdown (timeout 0) SIGKILLs its engine core and workers at once, so the workers could
-    # not write their reports; unless told otherwise, give them ENGINE_SHUTDOWN_S to stop.
-    if not any(a.split("=")[0] == "--shutdown-timeout" for a in engine_args):
-        engine_args = [*engine_args, "--shutdown-timeout", str(ENGINE_SHUTDOWN_S)]
-    # Same interpreter, so the engine sees the same installation (and our entry points) as sk-serve.
-    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, *engine_args]
 
 
 def engine_env(args: argparse.Namespace) -> dict[str, str]:
@@ -68,12 +63,7 @@ def engine_env(args: argparse.Namespace) -> dict[str, str]:
 def activation_summary(args: argparse.Namespace) -> str:
     if args.no_sk:
         return f"standardkernels: OFF (--no-sk): stock {args.engine}"
-    build = check_installed_vllm()  # refuse here, before starting anything, when the engine is unknown
-    return (
-        f"standardkernels: ON for {build}; in every engine process: RMSNorm (plain and fused-residual) via the "
-        f"vllm.ir provider 'sk', GemmaRMSNorm, SiluAndMul, GeluAndMul via sk.ops; "
-        f"strict={'on' if args.strict else 'off'}; per-process reports in {args.report_dir}"
-    )
+    return engine_part(args.engine).activation_summary(args.strict, args.report_dir)
 
 
 def stop_group(proc: subprocess.Popen, first_signal: int) -> int:
@@ -123,13 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     args, engine_args = parse_args(sys.argv[1:] if argv is None else argv)
     if not args.no_sk:
         args.report_dir = args.report_dir or tempfile.mkdtemp(prefix="sk-serve-reports-")
+    part = engine_part(args.engine)
     try:
         print(activation_summary(args), file=sys.stderr, flush=True)
-    except UnsupportedVllmError as e:  # the adapter refuses this engine build: say why, start nothing
+    except ImportError as e:
+        print(f"sk-serve: {args.engine} is not importable in this Python ({sys.executable}): {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # the adapter refuses this engine build (Unsupported*Error): say why, start nothing
         print(f"sk-serve: {e}", file=sys.stderr)
         return 2
 
-    proc = subprocess.Popen(engine_command(args.engine, args.model, engine_args), env=engine_env(args),
+    proc = subprocess.Popen(part.engine_command(args.model, engine_args), env=engine_env(args),
                             start_new_session=True)
     received: list[int] = []
 
@@ -140,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, on_signal)
     while proc.poll() is None and not received:
         time.sleep(0.2)
+    if proc.poll() is None and not args.no_sk:
+        part.before_stop(engine_args)
     code = stop_group(proc, received[0] if received else signal.SIGTERM)
     if not args.no_sk:
         print_reports(args.report_dir)

@@ -81,3 +81,14 @@ def test_before_stop_asks_for_server_info(serve, capsys):
     port = server.server_port
     serve.before_stop(["--port", str(port)])  # nobody listens any more: a message, not an exception
     assert "could not ask SGLang's schedulers" in capsys.readouterr().err
+
+
+def test_sk_serve_without_sglang_says_so(capsys):
+    import importlib.util
+
+    from sk.serve import main
+
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("SGLang is installed in this Python")
+    assert main(["--engine", "sglang", "/some/model"]) == 2
+    assert "sglang is not importable in this Python" in capsys.readouterr().err
