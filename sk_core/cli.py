@@ -197,12 +197,19 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--out", default="results/eval", help="folder for the JSON, the PNG chart and engine logs")
     evaluate.set_defaults(func=cmd_eval)
 
+    from sk.evals.gate import main as gate_main
     from sk.export.command import add_arguments as export_arguments
     from sk.export.command import run as cmd_export
 
     export = sub.add_parser("export", help="upstream patch series of our kernels against vLLM/SGLang sources")
     export_arguments(export)
     export.set_defaults(func=cmd_export)
+
+    # The gate parses its own arguments (sk.evals.gate); listed here for `sk --help`.
+    sub.add_parser("gate", add_help=False, help="lm-eval accuracy gate: stock kernels vs ours in the engine")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gate"]:
+        return gate_main(argv[1:])
 
     args = parser.parse_args(argv)
     try:

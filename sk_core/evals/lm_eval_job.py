@@ -13,12 +13,13 @@ import os
 import sys
 from pathlib import Path
 
+from sk.adapters._common import is_active
 from sk.evals.task_data import TASK_FILES, TASKS_DIR
 
 
 def main(job_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
-    ask_workers = "vllm" in os.environ.get("SK_ADAPTERS", "").split(",")
+    ask_workers = is_active("vllm")
     if ask_workers:
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc ships a function (pickled)
 

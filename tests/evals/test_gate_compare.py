@@ -35,7 +35,7 @@ def test_flips_that_cancel_in_the_metric_still_fail():
     assert all(r["ok"] for r in result["metrics"])
     mc = result["tasks"]["sk_synth_mc"]
     assert not mc["ok"] and len(mc["disagreements"]) == 100
-    assert mc["disagreements"][0] == {"doc_id": 0, "prompt": "p0=", "target": "0", "stock": "a", "ours": "b"}
+    assert mc["disagreements"][0] == {"doc_id": 0, "prompt": "p0=", "target": "a", "stock": "a", "ours": "b"}
 
 
 def test_metric_difference_beyond_tolerance_fails():
