@@ -8,32 +8,11 @@ import torch
 import sk
 from numerics import KERNEL_DEVICE, rel_err
 from sk.nn import PreNormGEGLUFFN
+# The seed page's block, and (autouse) bf16 on CPU taking the PyTorch fallback: Triton's interpreter multiplies
+# bf16 wrongly, so the kernels are tested interpreted in fp32/fp16 in test_fused_pre_norm_geglu.py.
+from test_seed_getting_started import MyGEGLUBlock, _cpu_takes_the_fallback  # noqa: F401
 
 geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
-
-
-@pytest.fixture(autouse=True)
-def _cpu_takes_the_fallback(monkeypatch):
-    """These tests feed bf16, which Triton's interpreter multiplies wrongly: on CPU they run the PyTorch
-    fallback (the kernels are tested interpreted in fp32/fp16 in test_fused_pre_norm_geglu.py)."""
-    if KERNEL_DEVICE == "cpu":
-        monkeypatch.setattr(sk.coverage, "TRITON_INTERPRET", False)
-
-
-class MyGEGLUBlock(torch.nn.Module):
-    """The seed page's block, verbatim."""
-
-    def __init__(self, d_model=768, d_ff=1448, eps=1e-5):
-        super().__init__()
-        self.my_norm = torch.nn.LayerNorm(d_model, eps=eps)
-        self.my_gate = torch.nn.Linear(d_model, d_ff)
-        self.my_up = torch.nn.Linear(d_model, d_ff)
-        self.my_down = torch.nn.Linear(d_ff, d_model)
-        self.eps = eps
-
-    def forward(self, x):
-        h = self.my_norm(x)
-        return x + self.my_down(torch.nn.functional.gelu(self.my_gate(h)) * self.my_up(h))
 
 
 def randomized(block):
