@@ -1,6 +1,6 @@
 """H200 check of the exported vLLM series: the patched vLLM, side by side with stock vLLM and with our adapter.
 
-    python3 ci/gpu/export_check.py OUTDIR [--series upstream_patches/vllm/0.25.0] [--tp 2]
+    python3 ci/gpu/export_check.py OUTDIR [--series upstream_patches/vllm/0.25.0] [--tp 2] [--styles llama gemma]
 
 1. Copies the installed vllm package to a temporary folder and applies the series there (`git apply --check`
    first).
@@ -42,6 +42,8 @@ def main() -> int:
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--series", type=Path, default=REPO / "upstream_patches" / "vllm" / "0.25.0")
     parser.add_argument("--tp", type=int, default=1)
+    styles = list(vllm_check.MODEL_SPECS)
+    parser.add_argument("--styles", nargs="+", default=styles, choices=styles)
     args = parser.parse_args()
     args.outdir.mkdir(parents=True, exist_ok=True)
     root = patch_installed_vllm(args.series, Path(tempfile.mkdtemp(prefix="vllm-patched-")))
@@ -52,7 +54,8 @@ def main() -> int:
     (args.outdir / "series_test.log").write_text(test.stdout + test.stderr)
 
     vllm_check.VARIANT_ENV["patched"] = {"PYTHONPATH": pythonpath, "VLLM_USE_STANDARD_KERNELS": "1"}
-    sys.argv = [vllm_check.__file__, str(args.outdir), "--tp", str(args.tp), "--variants", "stock", "sk", "patched"]
+    sys.argv = [vllm_check.__file__, str(args.outdir), "--tp", str(args.tp), "--styles", *args.styles,
+                "--variants", "stock", "sk", "patched"]
     status = vllm_check.main()
 
     launches = sorted({line.split("] ", 1)[-1].strip() for log in args.outdir.glob("vllm-check-*/*-patched.log")

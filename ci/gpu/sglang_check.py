@@ -48,11 +48,14 @@ from vllm_check import (  # noqa: E402  (shared with the vLLM check: same prompt
     TOKEN_STEPS,
     TOP_K,
     agreement,
+    model_path,
     prompts,
 )
+from engine_child import run_child  # noqa: E402
 
 VARIANTS = ("stock", "sk")
-RUN_TIMEOUT_S = 1800
+# Start-up is ~110 s (60 s of it prefill graph capture) and the measurements about a minute.
+RUN_TIMEOUT_S, SILENCE_S = 540, 180
 ENGINE_ENV = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1"}
 SERVE_PORT = 30123
 SERVE_START_TIMEOUT_S, SERVE_STOP_TIMEOUT_S = 900, 120
@@ -64,15 +67,12 @@ def token_ids(count: int, seed: int) -> list[list[int]]:
     return [p["prompt_token_ids"] for p in prompts(count, seed)]
 
 
-def run_engine(style: str, variant: str, tp: int) -> dict:
+def run_engine(model: Path, variant: str, tp: int) -> dict:
     if variant == "sk":
         import sk.adapters.sglang  # noqa: F401  (the user's switch, inherited by the scheduler processes)
     import sglang
     import torch
 
-    import sk.models
-
-    model = sk.models.tiny_model(sk.models.TinyModelSpec(**MODEL_SPECS[style]))
     started = time.perf_counter()
     engine = sglang.Engine(model_path=str(model), dtype="bfloat16", tp_size=tp, random_seed=0,
                            sampling_backend="pytorch", context_length=1024, mem_fraction_static=0.6)
@@ -131,13 +131,10 @@ def run_variant(style: str, variant: str, tp: int, work: Path) -> dict:
     env = {**os.environ, **ENGINE_ENV, "SK_REPORT_DIR": str(report_dir)}
     env.pop("SK_ADAPTERS", None)  # only the sk variant's own import switches the adapter on
     log = work / f"{style}-{variant}.log"
-    command = [sys.executable, __file__, str(out), "--child", style, "--variants", variant, "--tp", str(tp)]
-    with open(log, "w") as f:
-        try:
-            returncode = subprocess.run(command, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                        timeout=RUN_TIMEOUT_S).returncode
-        except subprocess.TimeoutExpired:
-            returncode = f"timeout after {RUN_TIMEOUT_S} s"
+    # The model is written here, so that the engine's process does no torch CPU work before SGLang starts.
+    command = [sys.executable, __file__, str(out), "--child", str(model_path(style)), "--variants", variant,
+               "--tp", str(tp)]
+    returncode = run_child(command, env, log, RUN_TIMEOUT_S, SILENCE_S)
     if returncode:
         return {"error": f"engine run failed ({returncode}); log {log}", "log_tail": log.read_text()[-3000:]}
     result = json.loads(out.read_text())
@@ -163,10 +160,9 @@ def http_json(url: str, body: dict | None = None, timeout: float = 60.0) -> dict
 
 def check_serve(work: Path) -> dict:
     """sk-serve --engine sglang: start, one completion, SIGINT; then exit status, reports, leftover processes."""
-    import sk.models
     from sk.adapters._common import read_reports
 
-    model = sk.models.tiny_model(sk.models.TinyModelSpec(**MODEL_SPECS["llama"]))
+    model = model_path("llama")
     report_dir, log = work / "serve-reports", work / "serve.log"
     url = f"http://127.0.0.1:{SERVE_PORT}"
     env = {**os.environ, **ENGINE_ENV}
@@ -308,10 +304,10 @@ def main() -> int:
     parser.add_argument("--styles", nargs="+", default=list(MODEL_SPECS), choices=list(MODEL_SPECS))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--no-serve", action="store_true", help="skip the sk-serve --engine sglang check")
-    parser.add_argument("--child", metavar="STYLE", help=argparse.SUPPRESS)
+    parser.add_argument("--child", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        Path(args.outdir).write_text(json.dumps(run_engine(args.child, args.variants[0], args.tp)))
+        Path(args.outdir).write_text(json.dumps(run_engine(Path(args.child), args.variants[0], args.tp)))
         return 0
 
     from importlib.metadata import entry_points

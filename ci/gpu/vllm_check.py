@@ -22,11 +22,13 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_child import run_child  # noqa: E402
 
 PROMPT_LEN = 128
 THROUGHPUT_PROMPTS, THROUGHPUT_TOKENS = 64, 64
@@ -40,7 +42,11 @@ MODEL_SPECS = {
                   num_kv_heads=8, head_dim=128, vocab_size=32000, tie_word_embeddings=True),
 }
 VARIANT_ENV = {"stock": {}, "sk": {"SK_ADAPTERS": "vllm"}}
-RUN_TIMEOUT_S = 1200
+# Every engine process: flashinfer's sampler is not staged on the host; no usage reports (the host is offline);
+# spawned rather than forked engine processes (a process forked after torch's OpenMP work can hang).
+ENGINE_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+# Start-up is 45-80 s and the measurements take about a minute; a run silent for 3 minutes has stalled.
+RUN_TIMEOUT_S, SILENCE_S = 480, 180
 
 
 # ------------------------------------------------------------------------------------- one engine (child)
@@ -55,13 +61,16 @@ def prompts(count: int, seed: int) -> list[dict]:
             for _ in range(count)]
 
 
-def run_engine(style: str, tp: int) -> dict:
+def model_path(style: str) -> Path:
+    import sk.models
+
+    return sk.models.tiny_model(sk.models.TinyModelSpec(**MODEL_SPECS[style]))
+
+
+def run_engine(model: Path, tp: int) -> dict:
     import torch
     from vllm import LLM, SamplingParams
 
-    import sk.models
-
-    model = sk.models.tiny_model(sk.models.TinyModelSpec(**MODEL_SPECS[style]))
     started = time.perf_counter()
     llm = LLM(str(model), dtype="bfloat16", seed=0, tensor_parallel_size=tp, max_model_len=1024,
               gpu_memory_utilization=0.6)
@@ -97,7 +106,7 @@ def run_engine(style: str, tp: int) -> dict:
         "throughput_tokens_per_s": THROUGHPUT_PROMPTS * THROUGHPUT_TOKENS / throughput_s,
         "throughput_wall_s": throughput_s,
         "decode_ms_per_token": decode_ms,
-        "gpu": torch.cuda.get_device_name(0),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
     }
 
 
@@ -108,17 +117,15 @@ def run_variant(style: str, variant: str, tp: int, work: Path) -> dict:
 
     report_dir = work / f"{style}-{variant}-reports"
     out = work / f"{style}-{variant}.json"
-    env = {**os.environ, "VLLM_USE_FLASHINFER_SAMPLER": "0", "SK_REPORT_DIR": str(report_dir),
-           **VARIANT_ENV[variant]}
+    env = {**os.environ, **ENGINE_ENV, "SK_REPORT_DIR": str(report_dir), **VARIANT_ENV[variant]}
     if variant == "stock":
         env.pop("SK_ADAPTERS", None)
     log = work / f"{style}-{variant}.log"
-    with open(log, "w") as f:
-        done = subprocess.run([sys.executable, __file__, "--child", style, "--tp", str(tp), str(out)],
-                              env=env, stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
-    if done.returncode:
-        tail = log.read_text()[-3000:]
-        return {"error": f"engine exited with {done.returncode}; log {log}", "log_tail": tail}
+    # The model is written here, so that the engine's process does no torch CPU work before vLLM starts.
+    command = [sys.executable, __file__, "--child", str(model_path(style)), "--tp", str(tp), str(out)]
+    status = run_child(command, env, log, RUN_TIMEOUT_S, SILENCE_S)
+    if status:
+        return {"error": f"engine run failed ({status}); log {log}", "log_tail": log.read_text()[-3000:]}
     result = json.loads(out.read_text())
     result["workers"] = [
         {"rank": r["rank"], "pid": r["pid"], "kernel_calls": r["coverage"]["kernel_calls"],
@@ -191,10 +198,10 @@ def main() -> int:
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (2 on the 2-GPU host)")
     parser.add_argument("--styles", nargs="+", default=list(MODEL_SPECS), choices=list(MODEL_SPECS))
     parser.add_argument("--variants", nargs="+", default=list(VARIANT_ENV), choices=list(VARIANT_ENV))
-    parser.add_argument("--child", metavar="STYLE", help=argparse.SUPPRESS)
+    parser.add_argument("--child", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        Path(args.outdir).write_text(json.dumps(run_engine(args.child, args.tp)))
+        Path(args.outdir).write_text(json.dumps(run_engine(Path(args.child), args.tp)))
         return 0
 
     from importlib.metadata import entry_points

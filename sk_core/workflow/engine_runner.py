@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sk.workflow.candidates import CANDIDATE_DIR_ENV
-from sk.workflow.engine_job import EVENT_PREFIX
+from sk.workflow.engine_job import EVENT_PREFIX, truncated_model_args
 from sk.workflow.errors import WorkflowError
 from sk.workflow.scenarios import Scenario
 
@@ -36,6 +36,9 @@ def run_engine_job(scenario: Scenario, *, label: str, env: dict[str, str], log_p
     """The job's results ({"environment", "workloads", "candidates_replaced"}); if the engine fails, a
     WorkflowError with its first error and the log's path."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    # Write a project model here, not in the child: writing it runs torch's OpenMP CPU kernels, and vLLM forks
+    # its engine core by default; a process forked after OpenMP work can hang in its first parallel region.
+    truncated_model_args(scenario, max_layers)
     with tempfile.TemporaryDirectory(prefix="sk-engine-job-") as work:
         job_path, out_path = Path(work) / "job.json", Path(work) / "out.json"
         job_path.write_text(json.dumps({

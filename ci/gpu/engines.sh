@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The engine checks on the GPU host, one or two steps per call of the device tool (a call runs ≤ 10 minutes):
+#   bash ci/gpu/engines.sh install              # once per host, after the staged parts were copied into .gpu-flat
+#   bash ci/gpu/engines.sh STEP OUTDIR          # one of the steps below
+# Steps that use one GPU can run side by side on a 2-GPU host (CUDA_VISIBLE_DEVICES=0 / =1).
+#   vllm-llama, vllm-gemma  stock vLLM vs our adapter vs the exported patch series (ci/gpu/export_check.py)
+#   tp2                     stock vLLM vs our adapter at tensor_parallel_size=2 (ci/gpu/vllm_check.py)
+#   sglang                  stock SGLang vs our adapter, and sk-serve --engine sglang (ci/gpu/sglang_check.py)
+#   gate                    the lm-eval accuracy gate on the trained models (ci/gpu/accuracy_gate.sh)
+#   eval                    sk eval on scenarios/h200-llama.yaml, CUDA graphs on
+# A step writes everything into /tmp/sk-gpu/STEP and leaves in OUTDIR one archive of it, STEP.tgz (the device
+# tool brings back at most 8 files a call).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.gpu-flat/site
+# flashinfer's sampler is not staged; the host is offline (no usage reports); vLLM processes are spawned, not
+# forked (a process forked after torch's OpenMP work can hang); SGLang's kernel build is not the pinned one.
+export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 VLLM_WORKER_MULTIPROC_METHOD=spawn
+export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
+step=${1:?usage: engines.sh install | STEP OUTDIR}
+
+if [ "$step" = install ]; then
+  bash .gpu-flat/install.sh >/dev/null || exit 1
+  python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "installing the checkout failed"; exit 1; }
+  python3 -c 'import vllm, sglang, lm_eval, torch; print("vllm", vllm.__version__, "sglang", sglang.__version__, "torch", torch.__version__, "gpus", torch.cuda.device_count())'
+  exit
+fi
+
+out=${2:?usage: engines.sh STEP OUTDIR}
+work=/tmp/sk-gpu/$step
+rm -rf "$work" && mkdir -p "$work" "$out"
+case $step in
+  vllm-llama|vllm-gemma) command=(python3 ci/gpu/export_check.py "$work" --styles "${step#vllm-}") ;;
+  tp2)    command=(python3 ci/gpu/vllm_check.py "$work" --tp 2 --styles llama) ;;
+  sglang) command=(python3 ci/gpu/sglang_check.py "$work" --styles llama) ;;
+  gate)   command=(bash ci/gpu/accuracy_gate.sh run "$work") ;;
+  eval)   command=(python3 -m sk.cli eval scenarios/h200-llama.yaml --max-requests 64 --out "$work") ;;
+  *)      echo "unknown step $step" >&2; exit 2 ;;
+esac
+# Stopped in time for the archive to be written within the device tool's 10 minutes.
+timeout -k 15 "${SK_STEP_TIMEOUT:-540}" "${command[@]}" > "$work/$step.log" 2>&1
+status=$?
+echo "== $step: exit $status"
+cat "$work"/*.md 2>/dev/null || tail -n 40 "$work/$step.log"
+tar czf "$out/$step.tgz" -C /tmp/sk-gpu "$step"
+exit $status
