@@ -96,6 +96,11 @@ def read_reports(directory: str | os.PathLike, engine: str | None = None) -> lis
     return sorted(reports, key=lambda r: (r["rank"] is None, r["rank"] or 0, r["pid"]))
 
 
+def model_process_reports(reports: Iterable[dict]) -> list[dict]:
+    """The reports of the processes that run the model (those with a tensor-parallel rank)."""
+    return [r for r in reports if r["rank"] is not None]
+
+
 def merge_reports(reports: Iterable[dict]) -> dict:
     """One summary over processes: coverage counts summed (see sk.coverage.merge_reports), per-rank calls kept."""
     import sk

@@ -65,13 +65,20 @@ def report(_worker=None) -> dict:
 
 
 def _tensor_parallel_rank() -> int | None:
+    """The tensor-parallel rank of a process that runs the model; None for the others (front end, engine core)."""
+    import sk
     from vllm.distributed import parallel_state
 
     if parallel_state.model_parallel_is_initialized():
         return parallel_state.get_tensor_model_parallel_rank()
     # At exit vLLM has torn its process groups down; it names each worker process VllmWorker-<rank>.
     match = re.fullmatch(r"VllmWorker-(\d+)", multiprocessing.current_process().name)
-    return int(match.group(1)) if match else None
+    if match:
+        return int(match.group(1))
+    # Without worker processes (one GPU: the engine core runs the model itself) the process that ran our ops
+    # is the only rank.
+    coverage = sk.coverage.report()
+    return 0 if coverage["kernel_calls"] or coverage["fallbacks"] else None
 
 
 def _forget_cached_gemma_activation() -> None:

@@ -17,6 +17,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.gpu-flat/site
 # forked (a process forked after torch's OpenMP work can hang); SGLang's kernel build is not the pinned one.
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 VLLM_WORKER_MULTIPROC_METHOD=spawn
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
+# NVLink multicast is off on these hosts (NCCL_NVLS_ENABLE=0 ...); with flashinfer installed vLLM 0.25 picks its
+# multicast (mnnvl) all-reduce for tp > 1, and a tp=2 start-up hung there (2026-11-29): use the trtllm one.
+export VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm
 step=${1:?usage: engines.sh install | STEP OUTDIR}
 
 if [ "$step" = install ]; then

@@ -113,7 +113,7 @@ def run_engine(model: Path, tp: int) -> dict:
 # ------------------------------------------------------------------------------------------ orchestration
 
 def run_variant(style: str, variant: str, tp: int, work: Path) -> dict:
-    from sk.adapters._common import read_reports
+    from sk.adapters._common import model_process_reports, read_reports
 
     report_dir = work / f"{style}-{variant}-reports"
     out = work / f"{style}-{variant}.json"
@@ -130,7 +130,7 @@ def run_variant(style: str, variant: str, tp: int, work: Path) -> dict:
     result["workers"] = [
         {"rank": r["rank"], "pid": r["pid"], "kernel_calls": r["coverage"]["kernel_calls"],
          "fallbacks": r["coverage"]["fallbacks"]}
-        for r in read_reports(report_dir) if r["process"].startswith("VllmWorker")
+        for r in model_process_reports(read_reports(report_dir))
     ]
     return result
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sk.adapters._common import merge_reports, read_reports
+from sk.adapters._common import merge_reports, model_process_reports, read_reports
 from sk.workflow import scenarios
 from sk.workflow.candidates import candidate_path, load_candidate
 from sk.workflow.engine_runner import progress_bars, run_engine_job
@@ -59,7 +59,7 @@ def compare_workload(token: str, baseline: dict, candidate: dict) -> dict:
 
 def adapter_summary(report_dir: Path) -> dict:
     """What our adapter did in the candidate's worker processes: replaced layers, kernel calls, fallbacks."""
-    workers = [r for r in read_reports(report_dir, "vllm") if r["process"].startswith("VllmWorker")]
+    workers = model_process_reports(read_reports(report_dir, "vllm"))
     if not workers:
         return {"workers": 0}
     merged = merge_reports(workers)

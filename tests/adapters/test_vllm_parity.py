@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sk.adapters._common import read_reports
+from sk.adapters._common import model_process_reports, read_reports
 
 PROMPTS = ["Hello world", "The quick brown fox jumps over", "abc", "Standard Kernels in vLLM, token for token:"]
 MAX_TOKENS = 16
@@ -55,7 +55,7 @@ def engine_run(vllm_python, engine_env, tmp_path_factory):
 
 
 def worker_reports(run: dict) -> list[dict]:
-    return [r for r in run["reports"] if r["process"].startswith("VllmWorker")]
+    return model_process_reports(run["reports"])
 
 
 @pytest.mark.vllm

