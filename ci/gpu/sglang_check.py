@@ -42,6 +42,7 @@ from vllm_check import (  # noqa: E402  (shared with the vLLM check: same prompt
     LATENCY_TOKENS,
     MODEL_SPECS,
     PROMPT_LEN,
+    STYLES,
     THROUGHPUT_PROMPTS,
     THROUGHPUT_TOKENS,
     TOKEN_PROMPTS,
@@ -63,8 +64,8 @@ SERVE_START_TIMEOUT_S, SERVE_STOP_TIMEOUT_S = 900, 120
 
 # ------------------------------------------------------------------------------------- one engine (child)
 
-def token_ids(count: int, seed: int) -> list[list[int]]:
-    return [p["prompt_token_ids"] for p in prompts(count, seed)]
+def token_ids(model: Path, count: int, seed: int) -> list[list[int]]:
+    return [p["prompt_token_ids"] for p in prompts(model, count, seed)]
 
 
 def run_engine(model: Path, variant: str, tp: int) -> dict:
@@ -80,7 +81,7 @@ def run_engine(model: Path, variant: str, tp: int) -> dict:
     try:
         greedy = {"temperature": 0.0, "max_new_tokens": TOKEN_STEPS, "ignore_eos": True}
         tokens, topk = [], []
-        for out in engine.generate(input_ids=token_ids(TOKEN_PROMPTS, seed=1), sampling_params=greedy,
+        for out in engine.generate(input_ids=token_ids(model, TOKEN_PROMPTS, seed=1), sampling_params=greedy,
                                    return_logprob=True, top_logprobs_num=TOP_K):
             tokens.append(list(out["output_ids"]))
             # Each step's candidates as (logprob, token id, text); SGLang may give None for a step.
@@ -88,15 +89,16 @@ def run_engine(model: Path, variant: str, tp: int) -> dict:
                          for step in out["meta_info"]["output_top_logprobs"]])
 
         fixed = {"temperature": 0.0, "max_new_tokens": THROUGHPUT_TOKENS, "ignore_eos": True}
-        batch = token_ids(THROUGHPUT_PROMPTS, seed=2)
-        engine.generate(input_ids=batch[:4], sampling_params=fixed)  # warm-up outside the timing
+        batch = token_ids(model, THROUGHPUT_PROMPTS, seed=2)
+        # Warm-up with the timed batch: kernels compiled on first use stay out of the timing.
+        engine.generate(input_ids=batch, sampling_params=fixed)
         started = time.perf_counter()
         engine.generate(input_ids=batch, sampling_params=fixed)
         throughput_s = time.perf_counter() - started
 
         def one_sequence_s(max_tokens: int) -> float:
             started = time.perf_counter()
-            engine.generate(input_ids=token_ids(1, seed=3),
+            engine.generate(input_ids=token_ids(model, 1, seed=3),
                             sampling_params={"temperature": 0.0, "max_new_tokens": max_tokens, "ignore_eos": True})
             return time.perf_counter() - started
 
@@ -301,7 +303,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("outdir")
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (2 on the 2-GPU host)")
-    parser.add_argument("--styles", nargs="+", default=list(MODEL_SPECS), choices=list(MODEL_SPECS))
+    parser.add_argument("--styles", nargs="+", default=list(MODEL_SPECS), choices=STYLES)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--no-serve", action="store_true", help="skip the sk-serve --engine sglang check")
     parser.add_argument("--child", metavar="MODEL", help=argparse.SUPPRESS)
