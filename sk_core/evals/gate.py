@@ -10,8 +10,9 @@ with identical settings, stock kernels then ours (our kernels in every engine pr
     `local-completions` backend against its /v1/completions (log-likelihoods through echo + logprobs), then
     SIGINT; the model processes' adapter reports are read from the report directory sk-serve was given.
     lm-eval tokenizes with the model's own tokenizer and sends token ids, so both ways score the same tokens
-    (BOS included); the served engine's scores match the in-process engine's item by item
-    (tests/evals/test_gate_server.py).
+    (BOS included): vLLM's CPU engine served scores the items as it does in process (fp32, trained llama, first
+    20 items of each task: log-likelihoods and generations identical, stock and ours;
+    tests/evals/test_gate_server.py).
 The gate prints both tables side by side and the items on which the two runs answer differently, and fails when
   - a metric differs by more than the tolerance of the scenario's dtype, or
   - more items than that tolerance allows are answered differently (a metric can hide flips that cancel), or

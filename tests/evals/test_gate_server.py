@@ -119,4 +119,5 @@ def test_server_path_passes_and_scores_as_in_process(tmp_path):
         by_server, by_engine = (_scored(tmp_path / run / slug / variant) for run in ("served", "direct"))
         assert by_server.keys() == by_engine.keys() and len(by_server) == 2 * LIMIT
         for item, scores in by_engine.items():
+            # Measured identical (fp32, CPU); the slack only absorbs a batch-shape rounding change.
             assert by_server[item] == pytest.approx(scores, abs=1e-4), (variant, item)
