@@ -1,11 +1,19 @@
 """The accuracy gate: the project's lm-eval tasks run in the engine with stock kernels and with ours, compared.
 
-    sk gate SCENARIO.yaml [--enforce-eager] [--limit N] [--out DIR] [--candidate-env KEY=VALUE ...]
+    sk gate SCENARIO.yaml [--enforce-eager] [--via-server] [--limit N] [--out DIR] [--candidate-env KEY=VALUE ...]
 
-For each scenario row, lm-eval (its `vllm` backend, add_bos_token=True as the models were trained) runs twice in
-fresh processes with identical settings: stock vLLM, then with SK_ADAPTERS=vllm (our kernels in every engine
-process, as sk-serve does). The gate prints both tables side by side and the items on which the two runs answer
-differently, and fails when
+For each scenario row, lm-eval (add_bos_token=True as the models were trained) runs twice in fresh processes
+with identical settings, stock kernels then ours (our kernels in every engine process), in one of two ways:
+  - in process (vLLM rows; the default): lm-eval's `vllm` backend builds the engine, SK_ADAPTERS=vllm for ours;
+  - through a server (SGLang rows always; vLLM rows with --via-server): `sk-serve --engine ENGINE MODEL` (with
+    --no-sk for stock) and the engine's server arguments derived from the row, then lm-eval's
+    `local-completions` backend against its /v1/completions (log-likelihoods through echo + logprobs), then
+    SIGINT; the model processes' adapter reports are read from the report directory sk-serve was given.
+    lm-eval tokenizes with the model's own tokenizer and sends token ids, so both ways score the same tokens
+    (BOS included): vLLM's CPU engine served scores the items as it does in process (fp32, trained llama, first
+    20 items of each task: log-likelihoods and generations identical, stock and ours;
+    tests/evals/test_gate_server.py).
+The gate prints both tables side by side and the items on which the two runs answer differently, and fails when
   - a metric differs by more than the tolerance of the scenario's dtype, or
   - more items than that tolerance allows are answered differently (a metric can hide flips that cancel), or
   - the candidate run's adapter reports show that none of our ops ran (stock against stock proves nothing).
@@ -28,19 +36,32 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.error
+import urllib.request
 from collections import deque
 from pathlib import Path
 
 from sk.evals.task_data import TASK_FILES
+from sk.serve import GRACE_S, TERM_S
 
 TASKS = tuple(TASK_FILES)
 TOLERANCE = {"float32": 0.01, "bfloat16": 0.02, "float16": 0.02}
 # Removed from both runs' environments: only the candidate run switches our adapter on.
 _ADAPTER_VARIABLES = ("SK_ADAPTERS", "SK_STRICT", "SK_REPORT_DIR")
 VARIANTS = ("stock", "ours")
+# vLLM's CPU engine answers in 1-2 minutes, SGLang with CUDA graphs on the H200 in ~2 (2026-11-29); cold
+# compile caches take longer.
+SERVER_START_TIMEOUT_S = 900.0
+# sk-serve stops its engine within its own grace periods; then it sums the reports and exits.
+SERVER_STOP_TIMEOUT_S = GRACE_S + TERM_S + 30.0
+# Requests per HTTP call to the server; a batch is scored as separate sequences, so results do not depend on it.
+SERVER_BATCH_SIZE = 32
 
 
 def lm_eval_model_args(scenario, model: str, enforce_eager: bool) -> dict:
@@ -54,12 +75,130 @@ def lm_eval_model_args(scenario, model: str, enforce_eager: bool) -> dict:
     return args
 
 
-def run_lm_eval(model_args: dict, out_dir: Path, env: dict[str, str], limit: int | None) -> dict:
+def engine_flags(engine_args: dict) -> list[str]:
+    """A scenario's engine_args as server command-line flags: key_name: value -> --key-name value."""
+    from sk.workflow.errors import WorkflowError
+
+    flags = []
+    for key, value in engine_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is False:  # neither server has a generic negation; their "off" flags are flags of their own
+            raise WorkflowError(f"engine_args.{key}: false has no command-line form; leave it out, or set the "
+                                f"engine's own negative flag (e.g. no_{key} or disable_{key}) to true")
+        flags += [flag] if value is True else [flag, value if isinstance(value, str) else json.dumps(value)]
+    return flags
+
+
+def server_engine_args(scenario, enforce_eager: bool) -> list[str]:
+    """The engine server's own arguments for one scenario row, matching lm_eval_model_args' engine settings."""
+    common = [f"--dtype={scenario.dtype}", f"--kv-cache-dtype={scenario.kv_cache_dtype}"]
+    if scenario.engine == "vllm":
+        args = [*common, f"--tensor-parallel-size={scenario.tp}", "--seed=0"]
+        if scenario.max_model_len is not None:
+            args.append(f"--max-model-len={scenario.max_model_len}")
+        if scenario.kv_cache_memory_bytes is not None:
+            args.append(f"--kv-cache-memory-bytes={scenario.kv_cache_memory_bytes}")
+        if enforce_eager:
+            args.append("--enforce-eager")
+    else:
+        # flashinfer's sampler is not among the GPU host's packages; greedy sampling is the same in PyTorch.
+        args = [*common, f"--tp-size={scenario.tp}", "--random-seed=0", "--sampling-backend=pytorch"]
+        if scenario.max_model_len is not None:
+            args.append(f"--context-length={scenario.max_model_len}")
+        if enforce_eager:
+            args += ["--cuda-graph-backend-decode=disabled", "--cuda-graph-backend-prefill=disabled"]
+    return args + engine_flags(scenario.engine_args)  # last, so that a row's engine_args override ours
+
+
+def sk_serve_command(scenario, model: str, variant: str, port: int, report_dir: Path, enforce_eager: bool,
+                     ) -> list[str]:
+    stock = ["--no-sk"] if variant == "stock" else []
+    return [sys.executable, "-m", "sk.serve", "--engine", scenario.engine, model, *stock,
+            f"--report-dir={report_dir}", "--host=127.0.0.1", f"--port={port}",
+            *server_engine_args(scenario, enforce_eager)]
+
+
+def local_completions_model_args(scenario, model: str, served_name: str, port: int) -> dict:
+    """lm-eval's local-completions arguments: our tokenizer (token ids sent, BOS added), batched requests."""
+    args = {"model": served_name, "base_url": f"http://127.0.0.1:{port}/v1/completions", "tokenizer": model,
+            "tokenizer_backend": "huggingface", "add_bos_token": True, "seed": 0,
+            "batch_size": SERVER_BATCH_SIZE, "max_retries": 1, "timeout": 600}
+    if scenario.max_model_len is not None:  # the in-process backend takes its max length from the engine
+        args["max_length"] = scenario.max_model_len
+    return args
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_server(port: int, proc: subprocess.Popen, log: Path) -> str:
+    """The served model's name, once the server answers /v1/models (WorkflowError when sk-serve exits first)."""
+    from sk.workflow.errors import WorkflowError
+
+    started = time.monotonic()
+    while proc.poll() is None and time.monotonic() - started < SERVER_START_TIMEOUT_S:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as response:
+                return json.load(response)["data"][0]["id"]
+        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError):
+            time.sleep(2)
+    state = (f"sk-serve exited with {proc.returncode}" if proc.poll() is not None
+             else f"no answer within {SERVER_START_TIMEOUT_S:.0f} s")
+    raise WorkflowError(f"the engine server did not start ({state}); its log is {log}, ending with:\n"
+                        + "".join(log.read_text().splitlines(keepends=True)[-40:]))
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGINT, as a user stops sk-serve: the engine shuts down, its processes' reports are written."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=SERVER_STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # not expected: sk-serve kills its engine after its own grace periods
+        proc.kill()
+        proc.wait()
+
+
+def run_in_process(scenario, model: str, variant: str, out_dir: Path, base_env: dict, extra: dict,
+                   args: argparse.Namespace) -> tuple[dict, dict]:
+    """lm-eval's vllm backend in a child process: (its output, how it ran)."""
+    model_args = lm_eval_model_args(scenario, model, args.enforce_eager)
+    env = base_env | ({"SK_ADAPTERS": "vllm", **extra} if variant == "ours" else {})
+    return run_lm_eval("vllm", model_args, out_dir, env, args.limit), {"backend": "vllm", "model_args": model_args}
+
+
+def run_via_server(scenario, model: str, variant: str, out_dir: Path, base_env: dict, extra: dict,
+                   args: argparse.Namespace) -> tuple[dict, dict]:
+    """sk-serve, lm-eval's local-completions against it, SIGINT: (lm-eval's output with the model processes'
+    adapter reports, how it ran)."""
+    from sk.adapters._common import model_process_reports, read_reports
+
+    port, report_dir, log = free_port(), out_dir / "reports", out_dir / "server.log"
+    command = sk_serve_command(scenario, model, variant, port, report_dir, args.enforce_eager)
+    server_env = base_env | (extra if variant == "ours" else {})
+    with open(log, "w") as server_log:
+        proc = subprocess.Popen(command, env=server_env, stdout=server_log, stderr=subprocess.STDOUT)
+    try:
+        served_name = wait_for_server(port, proc, log)
+        model_args = local_completions_model_args(scenario, model, served_name, port)
+        run = run_lm_eval("local-completions", model_args, out_dir, base_env, args.limit)
+    finally:
+        stop_server(proc)
+    reports = read_reports(report_dir, engine=scenario.engine) if report_dir.exists() else []
+    run["adapter_reports"] = model_process_reports(reports)
+    return run, {"backend": "local-completions", "model_args": model_args, "server_command": command[1:],
+                 "server_exit_status": proc.returncode}
+
+
+def run_lm_eval(backend: str, model_args: dict, out_dir: Path, env: dict[str, str], limit: int | None) -> dict:
     """One lm-eval run (sk.evals.lm_eval_job) in a child process; its log goes to out_dir/lm_eval.log."""
     from sk.workflow.errors import WorkflowError
 
     job, out = out_dir / "job.json", out_dir / "lm_eval.json"
-    job.write_text(json.dumps({"model_args": model_args, "limit": limit, "out": str(out)}))
+    job.write_text(json.dumps({"backend": backend, "model_args": model_args, "limit": limit, "out": str(out)}))
     out.unlink(missing_ok=True)
     tail: deque[str] = deque(maxlen=40)
     with open(out_dir / "lm_eval.log", "w") as log, subprocess.Popen(
@@ -173,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sk gate", description=__doc__.splitlines()[0])
     parser.add_argument("scenario", help="scenario YAML (sk.workflow.scenarios); its workloads are not used")
     parser.add_argument("--enforce-eager", action="store_true", help="no compile, no CUDA graphs")
+    parser.add_argument("--via-server", action="store_true",
+                        help="vLLM rows through sk-serve and lm-eval's local-completions, as SGLang rows always run")
     parser.add_argument("--limit", type=int, help="only the first N items of each task")
     parser.add_argument("--out", type=Path, help="keep lm-eval outputs, logs and gate.json here")
     parser.add_argument("--candidate-env", action="append", default=[], metavar="KEY=VALUE",
@@ -192,16 +333,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for scenario in scenarios.load(args.scenario):
             model = truncated_model_args(scenario, None)["model"]  # sk-tiny/* written on first use
-            model_args = lm_eval_model_args(scenario, model, args.enforce_eager)
-            runs = {}
+            via_server = args.via_server or scenario.engine == "sglang"
+            run_variant = run_via_server if via_server else run_in_process
+            runs, how = {}, {}
             for variant in VARIANTS:
                 out_dir = out_root / scenario.slug / variant
                 out_dir.mkdir(parents=True, exist_ok=True)
-                env = dict(base_env)
-                if variant == "ours":
-                    env |= {"SK_ADAPTERS": "vllm", **extra}
-                console.print(f"{scenario.label}: lm-eval, {variant} kernels ({out_dir / 'lm_eval.log'})")
-                runs[variant] = run_lm_eval(model_args, out_dir, env, args.limit)
+                console.print(f"{scenario.label}: lm-eval, {variant} kernels, "
+                              f"{'through sk-serve' if via_server else 'in process'} ({out_dir})")
+                runs[variant], how[variant] = run_variant(scenario, model, variant, out_dir, base_env, extra, args)
             comparison = compare(runs["stock"], runs["ours"], TOLERANCE[scenario.dtype])
             activity = candidate_activity(runs["ours"]["adapter_reports"])
             print_report(scenario.label, comparison, activity, console)
@@ -210,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             if not activity["op_calls"]:
                 console.print("[red]FAIL: the candidate run reported no calls of our ops[/red]")
             passed &= ok
-            summary.append({"scenario": scenario.model_dump(), "model": model, "model_args": model_args,
+            summary.append({"scenario": scenario.model_dump(), "model": model, "runs": how,
                             "enforce_eager": args.enforce_eager, "limit": args.limit, "passed": ok,
                             "activity": activity, **comparison})
     except WorkflowError as e:

@@ -23,7 +23,7 @@ def capture_path(out_dir: Path, scenario: scenarios.Scenario, token: str) -> Pat
 def run(scenario_file: str, out_dir: Path, max_layers: int | None, max_requests: int | None) -> list[Path]:
     written = []
     with progress_bars() as progress:
-        for scenario in scenarios.load(scenario_file):
+        for scenario in scenarios.load(scenario_file, engines=("vllm",)):
             result = run_engine_job(scenario, label=f"capture {scenario.model}", env={},
                                     log_path=out_dir / "logs" / f"{scenario.slug}.log", progress=progress,
                                     capture=True, max_layers=max_layers, max_requests=max_requests)

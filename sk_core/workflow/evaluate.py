@@ -145,7 +145,7 @@ def run(scenario_file: str, out_dir: Path, *, enforce_eager: bool, max_layers: i
         max_requests: int | None, candidates: Path | None, console: Console) -> bool:
     """Evaluate every scenario of the file, print the summaries, write JSON + PNG; True when all tokens match."""
     settings = {"enforce_eager": enforce_eager, "max_layers": max_layers, "max_requests": max_requests}
-    loaded = scenarios.load(scenario_file)
+    loaded = scenarios.load(scenario_file, engines=("vllm",))
     if candidates is not None:
         check_candidates(candidates)
     results = []

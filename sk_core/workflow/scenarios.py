@@ -8,7 +8,8 @@
         kv_cache_dtype: auto
         workloads: [LLM.mixed, LLM.single_request]
 
-`sk capture` and `sk eval` run every row of the file they are given. Loading validates everything a run would
+`sk capture` and `sk eval` run every row of the file they are given (vLLM rows only); `sk gate` runs vLLM and
+SGLang rows. Loading validates everything a run would
 otherwise trip over later (unknown workload, missing model, bad dtype, unknown keys) and names the file,
 the row and the field.
 """
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sk.workflow.errors import WorkflowError
 from sk.workflow.workloads import Workload, resolve
 
+ENGINES = ("vllm", "sglang")
 # Models the project makes itself: sk-tiny/<style>, written on first use by sk.models.tiny_model.
 TINY_PREFIX = "sk-tiny/"
 
@@ -33,7 +35,7 @@ class Scenario(BaseModel):
     model: str
     # For sk-tiny models: TinyModelSpec fields other than style (sizes, layers, tied embeddings, seed, ...).
     model_spec: dict[str, Any] = {}
-    engine: Literal["vllm"] = "vllm"
+    engine: Literal["vllm", "sglang"] = "vllm"
     tp: int = Field(1, ge=1)
     dtype: Literal["float32", "bfloat16", "float16"]
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
@@ -66,6 +68,16 @@ class Scenario(BaseModel):
             self.tiny_model_spec()
         return self
 
+    @model_validator(mode="after")
+    def _settings_fit_engine(self) -> Scenario:
+        # SGLang sizes its KV cache by a share of free memory and names fp8 caches by their format only.
+        if self.engine == "sglang" and self.kv_cache_memory_bytes is not None:
+            raise ValueError("kv_cache_memory_bytes is a vLLM setting; for sglang size the KV cache with "
+                             "engine_args (mem_fraction_static or max_total_tokens)")
+        if self.engine == "sglang" and self.kv_cache_dtype == "fp8":
+            raise ValueError("kv_cache_dtype 'fp8' is not an SGLang name; use fp8_e4m3 or fp8_e5m2")
+        return self
+
     def tiny_model_spec(self):
         """The sk.models.TinyModelSpec of an sk-tiny model (ValueError naming a bad field)."""
         from sk.models import TinyModelSpec
@@ -87,13 +99,17 @@ class Scenario(BaseModel):
 
     @property
     def label(self) -> str:
-        return f"{self.model} (tp={self.tp})"
+        return f"{self.model} ({self.engine}, tp={self.tp})"
 
     @property
     def slug(self) -> str:
-        """A file-name-safe name for this scenario's outputs (project models of other sizes get their spec key)."""
+        """A file-name-safe name for this scenario's outputs (project models of other sizes get their spec key).
+
+        vLLM rows keep the names of outputs written before scenarios named other engines.
+        """
         model = self.tiny_model_spec().key() if self.model_spec else self.model.replace("/", "--")
-        return f"{model}-tp{self.tp}-{self.dtype}"
+        engine = "" if self.engine == "vllm" else f"-{self.engine}"
+        return f"{model}{engine}-tp{self.tp}-{self.dtype}"
 
     def workload_members(self) -> list[Workload]:
         return [resolve(token) for token in self.workloads]
@@ -105,8 +121,11 @@ class ScenarioFile(BaseModel):
     scenarios: list[Scenario] = Field(min_length=1)
 
 
-def load(path: str | Path) -> list[Scenario]:
-    """The scenarios of a YAML file, or a WorkflowError naming the file and what is wrong where."""
+def load(path: str | Path, engines: tuple[str, ...] = ENGINES) -> list[Scenario]:
+    """The scenarios of a YAML file, or a WorkflowError naming the file and what is wrong where.
+
+    `engines`: those the calling command runs; a row for another engine is refused.
+    """
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -115,10 +134,15 @@ def load(path: str | Path) -> list[Scenario]:
     except yaml.YAMLError as e:
         raise WorkflowError(f"{path} is not valid YAML: {e}") from None
     try:
-        return ScenarioFile.model_validate(data).scenarios
+        loaded = ScenarioFile.model_validate(data).scenarios
     except ValidationError as e:
         problems = []
         for error in e.errors():
             where = ".".join(str(p) for p in error["loc"]) or "top level"
             problems.append(f"  {where}: {error['msg']}")
         raise WorkflowError(f"{path} is not a valid scenario file:\n" + "\n".join(problems)) from None
+    for row, scenario in enumerate(loaded):
+        if scenario.engine not in engines:
+            raise WorkflowError(f"{path}: scenarios.{row}.engine is {scenario.engine!r}; this command runs "
+                                f"{' and '.join(engines)} only")
+    return loaded
