@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     passed, summary = True, []
     try:
         for scenario in scenarios.load(args.scenario):
-            model = truncated_model_args(scenario, None)["model"]  # sk-tiny/* written on first use
+            model = truncated_model_args(scenario, None)["model"]  # project models resolved to their directory
             model_args = lm_eval_model_args(scenario, model, args.enforce_eager)
             runs = {}
             for variant in VARIANTS:
