@@ -2,7 +2,7 @@
 # The main job on the bundled default (README): builds or reuses the pinned environment, prints the ops and
 # the Kernel Coverage table, checks every op's kernel against its PyTorch reference on this machine (through
 # Triton's interpreter when there is no GPU), then runs the end-to-end eval of scenarios/tiny.yaml: the
-# project's small models in the real vLLM engine, stock vs our kernels, throughput and latency summaries with
+# project's trained models in the real vLLM engine, stock vs our kernels, throughput and latency summaries with
 # token-for-token MATCH counts (short: 8 requests per throughput workload).
 set -euo pipefail
 cd "$(dirname "$0")/.."

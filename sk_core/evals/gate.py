@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     passed, summary = True, []
     try:
         for scenario in scenarios.load(args.scenario):
-            model = truncated_model_args(scenario, None)["model"]  # sk-tiny/* written on first use
+            model = truncated_model_args(scenario, None)["model"]  # project models resolved to their directory
             via_server = args.via_server or scenario.engine == "sglang"
             run_variant = run_via_server if via_server else run_in_process
             runs, how = {}, {}

