@@ -8,6 +8,7 @@
 #   tp2                     stock vLLM vs our adapter at tensor_parallel_size=2 (ci/gpu/vllm_check.py)
 #   sglang                  stock SGLang vs our adapter, and sk-serve --engine sglang (ci/gpu/sglang_check.py)
 #   sglang-trained          stock SGLang vs our adapter on the trained models
+#   sglang-export           stock SGLang vs our adapter vs the exported SGLang series (ci/gpu/export_check.py)
 #   gate                    the lm-eval accuracy gate on the trained models (ci/gpu/accuracy_gate.sh)
 #   eval                    sk eval on scenarios/h200-llama.yaml, CUDA graphs on
 # A step writes everything into /tmp/sk-gpu/STEP and leaves in OUTDIR one archive of it, STEP.tgz (the device
@@ -40,6 +41,7 @@ case $step in
   tp2)    command=(python3 ci/gpu/vllm_check.py "$work" --tp 2 --styles llama) ;;
   sglang) command=(python3 ci/gpu/sglang_check.py "$work" --styles llama) ;;
   sglang-trained) command=(python3 ci/gpu/sglang_check.py "$work" --styles llama-trained gemma-trained --no-serve) ;;
+  sglang-export)  command=(python3 ci/gpu/export_check.py "$work" --engine sglang --styles llama) ;;
   gate)   command=(bash ci/gpu/accuracy_gate.sh run "$work") ;;
   eval)   command=(python3 -m sk.cli eval scenarios/h200-llama.yaml --max-requests 64 --out "$work") ;;
   *)      echo "unknown step $step" >&2; exit 2 ;;

@@ -1,19 +1,21 @@
-"""H200 check of the exported vLLM series: the patched vLLM, side by side with stock vLLM and with our adapter.
+"""H200 check of an exported series: the patched engine, side by side with the stock engine and with our adapter.
 
-    python3 ci/gpu/export_check.py OUTDIR [--series upstream_patches/vllm/0.25.0] [--tp 2] [--styles llama gemma]
+    python3 ci/gpu/export_check.py OUTDIR [--engine vllm|sglang] [--series DIR] [--tp 2] [--styles llama gemma]
 
-1. Copies the installed vllm package to a temporary folder and applies the series there (`git apply --check`
-   first).
+1. Copies the installed engine package to a temporary folder laid out as the engine's repository (vLLM: vllm/,
+   SGLang: python/sglang/) and applies the series there (`git apply --check` first).
 2. Runs the series' own kernel test from the patched tree on the GPU.
-3. Runs ci/gpu/vllm_check.py's comparison with a third variant, "patched": the engine imported from the patched
-   copy with VLLM_USE_STANDARD_KERNELS=1 and our adapter off (bf16, compile + CUDA graphs; tokens, throughput,
-   decode latency).
+3. Runs the engine's comparison (ci/gpu/vllm_check.py, ci/gpu/sglang_check.py) with a third variant, "patched":
+   the engine imported from the patched copy with the series' switch on and our adapter off (bf16, the engine's
+   default compile and CUDA graphs; tokens, throughput, decode latency).
 4. Writes OUTDIR/export_check.md: that table, plus the exported kernels' first-launch lines from each patched
-   engine's log (the adapter's per-worker counts do not apply to the patched engine).
+   engine's log (the adapter's per-process counts do not apply to the patched engine).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import os
 import shutil
 import subprocess
@@ -24,43 +26,65 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
 
-import vllm_check  # noqa: E402  (the stock/adapter comparison this extends)
+
+@dataclasses.dataclass(frozen=True)
+class EngineLayout:
+    check: str  # the comparison script's module, beside this file
+    package_dir: str  # where the package sits in the engine's repository
+    test: str  # the series' own test, in the repository
+    switch: str  # the series' opt-in environment variable
+    series: str  # the default series
 
 
-def patch_installed_vllm(series: Path, root: Path) -> Path:
-    import vllm
+ENGINES = {
+    "vllm": EngineLayout("vllm_check", "vllm", "tests/kernels/core/test_standard_kernels.py",
+                         "VLLM_USE_STANDARD_KERNELS", "vllm/0.25.0"),
+    "sglang": EngineLayout("sglang_check", "python/sglang", "test/srt/test_standard_kernels.py",
+                           "SGLANG_USE_STANDARD_KERNELS", "sglang/0.5.17"),
+}
 
-    shutil.copytree(Path(vllm.__path__[0]), root / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
-    patches = sorted(str(p) for p in series.glob("*.patch"))
+
+def patch_installed(engine: str, series: Path, root: Path) -> Path:
+    """The installed `engine` copied under `root` as in its repository, with `series` applied; the folder to put
+    on PYTHONPATH."""
+    package_dir = root / ENGINES[engine].package_dir
+    shutil.copytree(Path(importlib.import_module(engine).__path__[0]), package_dir,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    patches = sorted(str(p.resolve()) for p in series.glob("*.patch"))
     subprocess.run(["git", "apply", "--check", *patches], cwd=root, check=True)
     subprocess.run(["git", "apply", *patches], cwd=root, check=True)
-    return root
+    return package_dir.parent
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("outdir", type=Path)
-    parser.add_argument("--series", type=Path, default=REPO / "upstream_patches" / "vllm" / "0.25.0")
+    parser.add_argument("--engine", choices=list(ENGINES), default="vllm")
+    parser.add_argument("--series", type=Path, help="series folder (default: the engine's H200 version)")
     parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--styles", nargs="+", default=list(vllm_check.MODEL_SPECS), choices=vllm_check.STYLES)
+    parser.add_argument("--styles", nargs="+", default=["llama", "gemma"])
     args = parser.parse_args()
+    layout = ENGINES[args.engine]
+    series = args.series or REPO / "upstream_patches" / layout.series
+    check = importlib.import_module(layout.check)
     args.outdir.mkdir(parents=True, exist_ok=True)
-    root = patch_installed_vllm(args.series, Path(tempfile.mkdtemp(prefix="vllm-patched-")))
-    pythonpath = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
-    test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(root / "tests" / "kernels" / "core" / "test_standard_kernels.py")],
+
+    root = Path(tempfile.mkdtemp(prefix=f"{args.engine}-patched-"))
+    importable = patch_installed(args.engine, series, root)
+    pythonpath = os.pathsep.join(p for p in (str(importable), os.environ.get("PYTHONPATH", "")) if p)
+    test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / layout.test)],
                           cwd=root, env={**os.environ, "PYTHONPATH": pythonpath}, capture_output=True, text=True)
     (args.outdir / "series_test.log").write_text(test.stdout + test.stderr)
 
-    vllm_check.VARIANT_ENV["patched"] = {"PYTHONPATH": pythonpath, "VLLM_USE_STANDARD_KERNELS": "1"}
-    sys.argv = [vllm_check.__file__, str(args.outdir), "--tp", str(args.tp), "--styles", *args.styles,
-                "--variants", "stock", "sk", "patched"]
-    status = vllm_check.main()
+    check.VARIANT_ENV["patched"] = {"PYTHONPATH": pythonpath, layout.switch: "1"}
+    sys.argv = [check.__file__, str(args.outdir), "--tp", str(args.tp), "--styles", *args.styles,
+                "--variants", "stock", "sk", "patched", *(["--no-serve"] if args.engine == "sglang" else [])]
+    status = check.main()
 
-    launches = sorted({line.split("] ", 1)[-1].strip() for log in args.outdir.glob("vllm-check-*/*-patched.log")
+    launches = sorted({line.split("] ", 1)[-1].strip() for log in args.outdir.glob("*-check-*/*-patched.log")
                        for line in log.read_text().splitlines() if "Standard Kernels: first launch" in line})
-    report = ((args.outdir / "vllm_check.md").read_text()
-              + f"\nSeries: `{args.series}`; its own test on the GPU: "
+    report = ((args.outdir / f"{layout.check}.md").read_text()
+              + f"\nSeries: `{series}`; its own test on the GPU: "
               + (test.stdout.strip().splitlines() or ["no output"])[-1] + "\n\nExported kernels launched in the "
               "patched engines:\n\n" + ("\n".join(f"- {line}" for line in launches) or "- none") + "\n")
     (args.outdir / "export_check.md").write_text(report)

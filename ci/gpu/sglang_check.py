@@ -54,7 +54,9 @@ from vllm_check import (  # noqa: E402  (shared with the vLLM check: same prompt
 )
 from engine_child import run_child  # noqa: E402
 
-VARIANTS = ("stock", "sk")
+# Each variant's environment. The "sk" variant switches the adapter on as a user does, by importing it in the
+# engine's process (run_engine); others (ci/gpu/export_check.py's "patched") are added by environment.
+VARIANT_ENV: dict[str, dict[str, str]] = {"stock": {}, "sk": {}}
 # Start-up is ~110 s (60 s of it prefill graph capture) and the measurements about a minute.
 RUN_TIMEOUT_S, SILENCE_S = 540, 180
 ENGINE_ENV = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1"}
@@ -68,8 +70,8 @@ def token_ids(model: Path, count: int, seed: int) -> list[list[int]]:
     return [p["prompt_token_ids"] for p in prompts(model, count, seed)]
 
 
-def run_engine(model: Path, variant: str, tp: int) -> dict:
-    if variant == "sk":
+def run_engine(model: Path, with_adapter: bool, tp: int) -> dict:
+    if with_adapter:
         import sk.adapters.sglang  # noqa: F401  (the user's switch, inherited by the scheduler processes)
     import sglang
     import torch
@@ -130,12 +132,12 @@ def run_variant(style: str, variant: str, tp: int, work: Path) -> dict:
 
     report_dir = work / f"{style}-{variant}-reports"
     out = work / f"{style}-{variant}.json"
-    env = {**os.environ, **ENGINE_ENV, "SK_REPORT_DIR": str(report_dir)}
+    env = {**os.environ, **ENGINE_ENV, "SK_REPORT_DIR": str(report_dir), **VARIANT_ENV[variant]}
     env.pop("SK_ADAPTERS", None)  # only the sk variant's own import switches the adapter on
     log = work / f"{style}-{variant}.log"
     # The model is written here, so that the engine's process does no torch CPU work before SGLang starts.
-    command = [sys.executable, __file__, str(out), "--child", str(model_path(style)), "--variants", variant,
-               "--tp", str(tp)]
+    command = [sys.executable, __file__, str(out), "--child", str(model_path(style)), "--tp", str(tp),
+               *(["--with-adapter"] if variant == "sk" else [])]
     returncode = run_child(command, env, log, RUN_TIMEOUT_S, SILENCE_S)
     if returncode:
         return {"error": f"engine run failed ({returncode}); log {log}", "log_tail": log.read_text()[-3000:]}
@@ -304,12 +306,13 @@ def main() -> int:
     parser.add_argument("outdir")
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (2 on the 2-GPU host)")
     parser.add_argument("--styles", nargs="+", default=list(MODEL_SPECS), choices=STYLES)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANT_ENV), choices=list(VARIANT_ENV))
     parser.add_argument("--no-serve", action="store_true", help="skip the sk-serve --engine sglang check")
     parser.add_argument("--child", metavar="MODEL", help=argparse.SUPPRESS)
+    parser.add_argument("--with-adapter", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        Path(args.outdir).write_text(json.dumps(run_engine(Path(args.child), args.variants[0], args.tp)))
+        Path(args.outdir).write_text(json.dumps(run_engine(Path(args.child), args.with_adapter, args.tp)))
         return 0
 
     from importlib.metadata import entry_points
