@@ -21,6 +21,7 @@ import time
 from types import ModuleType
 
 from sk.adapters import _common
+from sk.adapters.vllm.serve import ENGINE_SHUTDOWN_S
 
 # How long the engine gets to stop by itself after our signal, then after SIGTERM to its whole process group.
 GRACE_S = 30.0
@@ -38,7 +39,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         prog="sk-serve",
         description="Serve a model with an inference engine, Standard Kernels active in every engine process. "
                     "Arguments not listed here go to the engine's server unchanged; vLLM gets "
-                    "--shutdown-timeout 10 unless given one, so its workers stop cleanly.",
+                    f"--shutdown-timeout {ENGINE_SHUTDOWN_S} unless given one, so its workers stop cleanly.",
     )
     parser.add_argument("--engine", choices=ENGINES, required=True)
     parser.add_argument("model", help="model path or name, as the engine takes it")

@@ -61,7 +61,7 @@ VARIANT_ENV: dict[str, dict[str, str]] = {"stock": {}, "sk": {}}
 RUN_TIMEOUT_S, SILENCE_S = 540, 180
 ENGINE_ENV = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1"}
 SERVE_PORT = 30123
-SERVE_START_TIMEOUT_S, SERVE_STOP_TIMEOUT_S = 900, 120
+SERVE_STOP_TIMEOUT_S = 120
 
 
 # ------------------------------------------------------------------------------------- one engine (child)
@@ -165,6 +165,8 @@ def http_json(url: str, body: dict | None = None, timeout: float = 60.0) -> dict
 def check_serve(work: Path) -> dict:
     """sk-serve --engine sglang: start, one completion, SIGINT; then exit status, reports, leftover processes."""
     from sk.adapters._common import read_reports
+    from sk.evals.gate import wait_for_server
+    from sk.workflow.errors import WorkflowError
 
     model = model_path("llama")
     report_dir, log = work / "serve-reports", work / "serve.log"
@@ -178,14 +180,13 @@ def check_serve(work: Path) -> dict:
         proc = subprocess.Popen(command, env=env, stdout=f, stderr=subprocess.STDOUT)
     try:
         started = time.perf_counter()
-        served = _wait_for_server(url, proc)
-        if served is None:
-            result["error"] = f"no answer on {url}/v1/models (sk-serve exit status {proc.poll()})"
-        else:
-            result["startup_s"] = time.perf_counter() - started
-            completion = http_json(f"{url}/v1/completions",
-                                   {"model": served, "prompt": "Hello", "max_tokens": 8, "temperature": 0})
-            result["completion"] = completion["choices"][0]["text"]
+        served = wait_for_server(SERVE_PORT, proc, log)
+        result["startup_s"] = time.perf_counter() - started
+        completion = http_json(f"{url}/v1/completions",
+                               {"model": served, "prompt": "Hello", "max_tokens": 8, "temperature": 0})
+        result["completion"] = completion["choices"][0]["text"]
+    except WorkflowError as e:  # sk-serve exited or did not answer in time
+        result["error"] = str(e)
     except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
         result["error"] = f"completion failed: {e!r}"
     finally:
@@ -210,17 +211,6 @@ def check_serve(work: Path) -> dict:
     if "error" in result:
         result["log_tail"] = log.read_text()[-3000:]
     return result
-
-
-def _wait_for_server(url: str, proc: subprocess.Popen) -> str | None:
-    """The served model's name once the server answers; None when sk-serve exits or the wait times out."""
-    started = time.perf_counter()
-    while proc.poll() is None and time.perf_counter() - started < SERVE_START_TIMEOUT_S:
-        try:
-            return http_json(f"{url}/v1/models", timeout=5)["data"][0]["id"]
-        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError):
-            time.sleep(2)
-    return None
 
 
 def _still_alive(pids: list[int], grace_s: float = 10.0) -> list[int]:

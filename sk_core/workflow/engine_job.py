@@ -70,7 +70,7 @@ def start_engine(scenario: Scenario, job: dict):
     from vllm import LLM
 
     args = {
-        **truncated_model_args(scenario, job["max_layers"]),
+        **job["model_args"],  # resolved by the parent (sk.workflow.engine_runner)
         "dtype": scenario.dtype,
         "tensor_parallel_size": scenario.tp,
         "kv_cache_dtype": scenario.kv_cache_dtype,

@@ -36,15 +36,16 @@ def run_engine_job(scenario: Scenario, *, label: str, env: dict[str, str], log_p
     """The job's results ({"environment", "workloads", "candidates_replaced"}); if the engine fails, a
     WorkflowError with its first error and the log's path."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    # Write a project model here, not in the child: writing it runs torch's OpenMP CPU kernels, and vLLM forks
-    # its engine core by default; a process forked after OpenMP work can hang in its first parallel region.
-    truncated_model_args(scenario, max_layers)
+    # Resolved (and a project model written) here, not in the child: writing a model runs torch's OpenMP CPU
+    # kernels, and vLLM forks its engine core by default; a process forked after OpenMP work can hang in its
+    # first parallel region.
+    model_args = truncated_model_args(scenario, max_layers)
     with tempfile.TemporaryDirectory(prefix="sk-engine-job-") as work:
         job_path, out_path = Path(work) / "job.json", Path(work) / "out.json"
         job_path.write_text(json.dumps({
             "scenario": scenario.model_dump(), "capture": capture, "candidates": candidates is not None,
             "enforce_eager": enforce_eager,
-            "max_layers": max_layers, "max_requests": max_requests, "out": str(out_path),
+            "model_args": model_args, "max_requests": max_requests, "out": str(out_path),
         }))
         child_env = {k: v for k, v in os.environ.items() if k not in _ADAPTER_VARIABLES} | env
         if candidates is not None:
