@@ -9,7 +9,7 @@
 #                                                                       # .gpu-stage/lm-eval and lm-eval-pyarrow
 # On the host, after `bash .gpu-flat/install.sh` (with both folders' files copied into .gpu-flat too)
 # and its `export PYTHONPATH=...`:
-#   bash ci/gpu/accuracy_gate.sh run OUTDIR
+#   bash ci/gpu/accuracy_gate.sh run OUTDIR [ENGINE [STYLE]]   # e.g. `sglang gemma`: that row alone
 # OUTDIR gets gate.json, each run's lm-eval results and logs, environment.txt, and gate.log (both tables).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,7 +37,7 @@ case "${1:-}" in
     du -sh "$dest" "$dest-pyarrow"
     ;;
   run)
-    out=${2:?usage: accuracy_gate.sh run OUTDIR}
+    out=${2:?usage: accuracy_gate.sh run OUTDIR [ENGINE [STYLE]]}
     mkdir -p "$out"
     python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
       || { echo "installing the checkout failed"; exit 1; }
@@ -47,6 +47,10 @@ case "${1:-}" in
     export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
     engines=(vllm)
     python3 -c 'import sglang' 2>/dev/null && engines+=(sglang)
+    styles=(llama gemma)
+    # One engine (and style) per call lets the rows run side by side, one GPU each.
+    [ -n "${3:-}" ] && engines=("$3")
+    [ -n "${4:-}" ] && styles=("$4")
     python3 - <<'EOF' | tee "$out/environment.txt"
 import datetime, importlib.metadata as md, torch
 print(datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), torch.cuda.get_device_name(0))
@@ -59,7 +63,7 @@ EOF
     declare -A memory=([vllm]="gpu_memory_utilization: 0.3" [sglang]="mem_fraction_static: 0.3")
     echo "scenarios:" > "$out/scenario.yaml"
     for engine in "${engines[@]}"; do
-      for style in llama gemma; do
+      for style in "${styles[@]}"; do
         echo "  - {model: $PWD/models/trained/$style, engine: $engine, dtype: bfloat16, max_model_len: 256,
      engine_args: {${memory[$engine]}}, workloads: [LLM.single_request]}" >> "$out/scenario.yaml"
       done
@@ -68,7 +72,7 @@ EOF
     exit "${PIPESTATUS[0]}"
     ;;
   *)
-    echo "usage: accuracy_gate.sh stage DEST | run OUTDIR" >&2
+    echo "usage: accuracy_gate.sh stage DEST | run OUTDIR [ENGINE [STYLE]]" >&2
     exit 2
     ;;
 esac

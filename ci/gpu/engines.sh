@@ -2,7 +2,8 @@
 # The engine checks on the GPU host, one or two steps per call of the device tool (a call runs ≤ 10 minutes):
 #   bash ci/gpu/engines.sh install              # once per host, after the staged parts were copied into .gpu-flat
 #   bash ci/gpu/engines.sh STEP OUTDIR          # one of the steps below
-# Steps that use one GPU can run side by side on a 2-GPU host (CUDA_VISIBLE_DEVICES=0 / =1).
+# Steps that use one GPU can run side by side on a 2-GPU host (CUDA_VISIBLE_DEVICES=0 / =1), each on its own
+# half of the cores (taskset -c 0-15 / 16-31) so that one's compile work does not slow the other's timings.
 #   vllm-llama, vllm-gemma  stock vLLM vs our adapter vs the exported patch series (ci/gpu/export_check.py)
 #   vllm-trained            stock vLLM vs our adapter on the trained models (greedy tokens on peaked logits)
 #   tp2                     stock vLLM vs our adapter at tensor_parallel_size=2 (ci/gpu/vllm_check.py)
@@ -10,6 +11,7 @@
 #   sglang-trained          stock SGLang vs our adapter on the trained models
 #   sglang-export           stock SGLang vs our adapter vs the exported SGLang series (ci/gpu/export_check.py)
 #   gate                    the lm-eval accuracy gate on the trained models (ci/gpu/accuracy_gate.sh)
+#   gate-ENGINE[-STYLE]     one engine's rows of it (gate-sglang-llama, gate-vllm, ...)
 #   eval                    sk eval on scenarios/h200-llama.yaml, CUDA graphs on
 # A step writes everything into /tmp/sk-gpu/STEP and leaves in OUTDIR one archive of it, STEP.tgz (the device
 # tool brings back at most 8 files a call).
@@ -43,13 +45,16 @@ case $step in
   sglang-trained) command=(python3 ci/gpu/sglang_check.py "$work" --styles llama-trained gemma-trained --no-serve) ;;
   sglang-export)  command=(python3 ci/gpu/export_check.py "$work" --engine sglang --styles llama) ;;
   gate)   command=(bash ci/gpu/accuracy_gate.sh run "$work") ;;
+  gate-*) IFS=- read -r _ engine style <<< "$step"
+          command=(bash ci/gpu/accuracy_gate.sh run "$work" "$engine" "$style") ;;
   eval)   command=(python3 -m sk.cli eval scenarios/h200-llama.yaml --max-requests 64 --out "$work") ;;
   *)      echo "unknown step $step" >&2; exit 2 ;;
 esac
 # Stopped in time for the archive to be written within the device tool's 10 minutes.
+started=$SECONDS
 timeout -k 15 "${SK_STEP_TIMEOUT:-540}" "${command[@]}" > "$work/$step.log" 2>&1
 status=$?
-echo "== $step: exit $status"
+echo "== $step: exit $status after $((SECONDS - started)) s" | tee -a "$work/$step.log"
 cat "$work"/*.md 2>/dev/null || tail -n 40 "$work/$step.log"
 tar czf "$out/$step.tgz" -C /tmp/sk-gpu "$step"
 exit $status

@@ -87,8 +87,13 @@ def run_engine(model: Path, tp: int) -> dict:
     from vllm import LLM, SamplingParams
 
     started = time.perf_counter()
+    # At tp > 1 on Hopper with flashinfer installed, vLLM 0.25 fuses all-reduce + RMSNorm through flashinfer,
+    # whose multicast (mnnvl) workspace hung the tp=2 start (2026-11-29). NVLink multicast is off on these hosts
+    # and must not be asked for (the device notes: it can take the host's GPUs out of service), so the fusion
+    # pass is off at tp > 1, for stock and ours alike; all-reduce stays vLLM's custom (CUDA IPC) one.
+    no_multicast = {"compilation_config": {"pass_config": {"fuse_allreduce_rms": False}}} if tp > 1 else {}
     llm = LLM(str(model), dtype="bfloat16", seed=0, tensor_parallel_size=tp, max_model_len=1024,
-              gpu_memory_utilization=0.6)
+              gpu_memory_utilization=0.6, **no_multicast)
     startup_s = time.perf_counter() - started
 
     greedy = SamplingParams(temperature=0.0, max_tokens=TOKEN_STEPS, ignore_eos=True, logprobs=TOP_K)
@@ -180,7 +185,9 @@ def markdown(summary: dict) -> str:
     lines = [f"# vLLM with and without Standard Kernels ({summary['date']})", "",
              f"GPU: {summary['gpu']}; tensor parallel: {summary['tp']}; versions: "
              + ", ".join(f"{k} {v}" for k, v in summary["versions"].items()), "",
-             "bf16, vLLM defaults (Inductor compile + CUDA graphs). Throughput: "
+             "bf16, vLLM defaults (Inductor compile + CUDA graphs"
+             + ("; all-reduce + RMSNorm fusion off: it needs NVLink multicast" if summary["tp"] > 1 else "")
+             + "). Throughput: "
              f"{THROUGHPUT_PROMPTS} prompts x {THROUGHPUT_TOKENS} tokens (prompt {PROMPT_LEN} random tokens; trained models: "
              "held-out corpus prompts). Decode: one "
              f"sequence, ms per token. Tokens: {TOKEN_PROMPTS} prompts x {TOKEN_STEPS} greedy steps vs stock.", "",
