@@ -124,6 +124,49 @@ def test_interpreted_forward_and_backward_through_the_op(approximate, poisoned_o
     assert sk.coverage.report()["kernel_calls"][geglu.OP] == 3  # forward twice, backward once
 
 
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("m,d,programs", [(1, 48, 256), (7, 40, 256), (1000, 40, 4), (37, 1000, 8)])
+def test_interpreted_layer_norm_backward_matches_fp64(dtype, m, d, programs, monkeypatch, poisoned_outputs):
+    """dx (with the residual's dy) and the LayerNorm weight and bias grads; few programs make each loop over
+    several row blocks, as large M does on the GPU."""
+    monkeypatch.setattr(geglu, "LN_BACKWARD_PROGRAMS", programs)
+    gen = torch.Generator().manual_seed(m)
+    x, dxn, dy = ((torch.randn(m, d, generator=gen) + 0.3).to(dtype) for _ in range(3))
+    ln_w = 1 + 0.2 * torch.randn(d, generator=gen)
+    x64 = x.double()
+    mean, var = x64.mean(-1), x64.var(-1, unbiased=False)
+    stats = torch.stack([mean, torch.rsqrt(var + EPS)]).float()
+    with sk.coverage.strict():
+        dx, d_ln = geglu._ln_backward(dxn, x, dy, stats, ln_w, 64)
+    leaf = x64.clone().requires_grad_()
+    w64, b64 = ln_w.double().requires_grad_(), torch.zeros(d, dtype=torch.float64, requires_grad=True)
+    F.layer_norm(leaf, (d,), w64, b64, EPS).backward(dxn.double())
+    assert dx.dtype == dtype and d_ln.dtype == torch.float32
+    assert rel_err(dx, leaf.grad + dy.double()) < TOL[dtype]
+    assert rel_err(d_ln[0], w64.grad) < 1e-5 and rel_err(d_ln[1], b64.grad) < 1e-5
+
+
+@needs_interpreter
+def test_interpreted_compiled_and_eager_paths_agree(poisoned_outputs):
+    """Eager calls skip the custom op (an autograd.Function launches the kernels); torch.compile traces the
+    custom op, whose backward ops run the same kernels: both must give the same values and gradients."""
+    m, d, ff = 9, 40, 56
+    params = make_params(d, ff)
+    x = make_x(m, d, torch.float16)
+    dy = make_x(m, d, torch.float16, seed=5)
+
+    def ours(x, *p):
+        return sk.ops.fused_pre_norm_geglu(x, *p, EPS)
+    compiled = torch.compile(ours, backend="aot_eager", fullgraph=True)
+    with sk.coverage.strict():
+        eager, traced = grads_of(ours, x, params, dy), grads_of(compiled, x, params, dy)
+        calls = sk.coverage.report()["kernel_calls"][geglu.OP]
+    for name, e, t in zip(("x",) + NAMES, eager, traced):
+        assert rel_err(t, e) < 1e-6, name
+    assert calls >= 4  # both forwards and both backwards ran the kernels
+
+
 # ----------------------------------------------------------------------------------------------- op, any device
 
 def test_op_reference_matches_the_seed_composition():

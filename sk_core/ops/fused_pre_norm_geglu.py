@@ -30,9 +30,10 @@ import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from sk import coverage
-from sk.ops._common import check_float, check_same_device
+from sk.ops._common import FLOAT_DTYPES, check_float, check_same_device
 
 OP = "fused_pre_norm_geglu"
 _SQRT_HALF = tl.constexpr(0.7071067811865476)  # globals a Triton kernel reads must be constexpr
@@ -205,6 +206,42 @@ def _geglu_backward_kernel(
     tl.store(h_ptr + row * ff_stride + cols, (act * u).to(h_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit(do_not_specialize=["n_rows"])
+def _ln_backward_kernel(
+    dxn_ptr, x_ptr, dy_ptr, stats_ptr, ln_w_ptr, dx_ptr, partial_ptr, n_rows, d,
+    D_ALIGN: tl.constexpr, ITERS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # dx = rstd·(dx̂ − x̂·mean(dx̂·x̂) − mean(dx̂)) + dy, dx̂ = γ·dxn: LayerNorm's backward with the residual's
+    # gradient added, in fp32 and rounded once. Each program also sums dxn·x̂ and dxn over its ITERS·BLOCK_M
+    # rows into partial[0|1, program, :] (the LayerNorm weight and bias grads, summed over programs after).
+    row_stride = d // D_ALIGN * D_ALIGN
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < d
+    w = tl.load(ln_w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    dw = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    db = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    first = tl.program_id(0) * (ITERS * BLOCK_M)
+    for i in tl.range(ITERS, loop_unroll_factor=1):
+        rows = first + i * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < n_rows
+        mask = row_ok[:, None] & col_ok[None, :]
+        offs = rows.to(tl.int64)[:, None] * row_stride + cols[None, :]
+        mean = tl.load(stats_ptr + rows, mask=row_ok, other=0.0)[:, None]
+        rstd = tl.load(stats_ptr + n_rows + rows, mask=row_ok, other=0.0)[:, None]
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(dxn_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+        dxhat = g * w
+        c1 = (tl.sum(dxhat * xhat, axis=1) / d)[:, None]
+        c2 = (tl.sum(dxhat, axis=1) / d)[:, None]
+        dx = rstd * (dxhat - xhat * c1 - c2) + tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw += tl.sum(g * xhat, axis=0)
+        db += tl.sum(g, axis=0)
+    tl.store(partial_ptr + tl.program_id(0) * d + cols, dw, mask=col_ok)
+    tl.store(partial_ptr + (tl.num_programs(0) + tl.program_id(0)) * d + cols, db, mask=col_ok)
+
+
 # ----------------------------------------------------------------------------------------------- launch configs
 
 @dataclasses.dataclass(frozen=True)
@@ -310,6 +347,21 @@ def compute_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------------- launchers
 
+CHECK_DESCRIPTORS = coverage.TRITON_INTERPRET  # see _descriptor
+
+
+def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    """`TensorDescriptor.from_tensor(t, block)` without its checks (a few µs each, seven descriptors a call),
+    which hold by construction here: a 16-byte-aligned base (`_tma_ready`, fresh allocations), rows of a
+    multiple of 8 elements (`_shape_miss`), contiguous rows, at least one row, power-of-two blocks. Under the
+    interpreter (the CPU tests) the checks run."""
+    if CHECK_DESCRIPTORS:
+        return TensorDescriptor.from_tensor(t, block)
+    desc = object.__new__(TensorDescriptor)
+    desc.base, desc.shape, desc.strides, desc.block_shape, desc.padding = t, t.shape, t.stride(), block, "zero"
+    return desc
+
+
 def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, save_for_backward,
                      configs: tuple[GemmConfig, GemmConfig] | None = None):
     """Run the three forward kernels. Returns (y, stats, xn, gu); xn and gu are empty unless saving."""
@@ -336,7 +388,7 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
 
     h = torch.empty((m, ff), dtype=dtype, device=dev)
     c = gate_up
-    tma = TensorDescriptor.from_tensor  # zero-filled past the edges; blocks as the kernel's tiles
+    tma = _descriptor  # zero-filled past the edges; blocks as the kernel's tiles
     _gate_up_kernel[(_cdiv(m, c.block_m) * _cdiv(ff, c.block_n),)](
         tma(x2, [c.block_m, c.block_k]), stats, ln_w, ln_b,
         tma(wg, [c.block_n, c.block_k]), tma(wu, [c.block_n, c.block_k]), bg, bu, h, gu, m, d, ff,
@@ -365,12 +417,12 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     return y, stats, xn, gu
 
 
-@torch.library.custom_op("sk::fused_pre_norm_geglu_backward_act", mutates_args=())
-def _geglu_backward_op(dh: torch.Tensor, gu: torch.Tensor, d_model: int, approximate: str
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def _geglu_backward_act(dh: torch.Tensor, gu: torch.Tensor, d_model: int, approximate: str
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """(d[g | u], h) from the upstream gradient dh and the saved pre-activations [g | u].
 
-    A custom op of its own so that the backward traces (torch.compile) and decides kernel vs PyTorch per call.
+    Decides kernel vs PyTorch for the whole backward (recorded once per backward, here), as the LayerNorm
+    backward below follows the same inputs.
     """
     m, ff = dh.shape
     if not coverage.decide(OP, (dh, gu), shape_miss=_shape_miss(d_model, ff), backward=True):
@@ -391,9 +443,52 @@ def _geglu_backward_op(dh: torch.Tensor, gu: torch.Tensor, d_model: int, approxi
     return dgu, h
 
 
-@_geglu_backward_op.register_fake
+LN_BACKWARD_PROGRAMS = 256  # about two per SM: fewer partial rows to sum, enough programs to fill the GPU
+
+
+def _ln_backward(dxn: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, stats: torch.Tensor,
+                 ln_weight: torch.Tensor, ff: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, [d ln_weight; d ln_bias]) from the normalized activation's gradient dxn: LayerNorm's backward plus
+    the residual's dy. The weight and bias grads are in the statistics' dtype (fp32; fp64 for fp64 inputs)."""
+    m, d = x.shape
+    if coverage.miss_reason(OP, x, shape_miss=_shape_miss(d, ff), backward=True) is not None:
+        acc = stats.dtype  # the miss was recorded (or raised) by _geglu_backward_act for this backward
+        dxn_acc = dxn.to(acc)
+        dx_ln, d_ln_w, _ = torch.ops.aten.native_layer_norm_backward(
+            dxn_acc, x.to(acc), [d], stats[0].view(m, 1), stats[1].view(m, 1), ln_weight.to(acc), None,
+            [True, True, False])
+        return (dx_ln + dy).to(x.dtype), torch.stack([d_ln_w, dxn_acc.sum(0)])
+    dx = torch.empty_like(x)
+    if m == 0:
+        return dx, torch.zeros((2, d), dtype=torch.float32, device=x.device)
+    block_d = _next_power_of_2(d)
+    rows_per_block = max(1, min(16, 2048 // block_d))
+    iters = _next_power_of_2(_cdiv(_cdiv(m, rows_per_block), LN_BACKWARD_PROGRAMS))
+    programs = _cdiv(m, rows_per_block * iters)
+    partial = torch.empty((2, programs, d), dtype=torch.float32, device=x.device)
+    _ln_backward_kernel[(programs,)](
+        dxn, x, dy, stats, ln_weight, dx, partial, m, d,
+        D_ALIGN=_align(d), ITERS=iters, BLOCK_M=rows_per_block, BLOCK_D=block_d,
+        num_warps=min(16, max(1, rows_per_block * block_d // 512)),
+    )
+    return dx, partial.sum(1)
+
+
+# Custom ops of their own so that the backward traces (torch.compile) and decides per call; eager backwards
+# call the functions directly (see `_eager`).
+_geglu_backward_act_op = torch.library.custom_op(
+    "sk::fused_pre_norm_geglu_backward_act", mutates_args=())(_geglu_backward_act)
+_ln_backward_op = torch.library.custom_op("sk::fused_pre_norm_geglu_backward_ln", mutates_args=())(_ln_backward)
+
+
+@_geglu_backward_act_op.register_fake
 def _(dh, gu, d_model, approximate):
     return torch.empty_like(gu), torch.empty_like(dh)
+
+
+@_ln_backward_op.register_fake
+def _(dxn, x, dy, stats, ln_weight, ff):
+    return torch.empty_like(x), stats.new_empty((2, x.shape[1]))
 
 
 # ----------------------------------------------------------------------------------------------- reference
@@ -437,6 +532,7 @@ def fused_pre_norm_geglu_reference(x, ln_weight, ln_bias, gate_weight, gate_bias
 
 # ----------------------------------------------------------------------------------------------- custom op
 
+@functools.lru_cache(maxsize=64)
 def _shape_miss(d: int, ff: int) -> str | None:
     limits = coverage.table()[OP].limits
     if d % TMA_ALIGN or ff % TMA_ALIGN:  # TMA needs 16-byte row strides
@@ -445,8 +541,7 @@ def _shape_miss(d: int, ff: int) -> str | None:
             or coverage.limit_miss("d_ff", ff, limits.get("max_d_ff")))
 
 
-@torch.library.custom_op("sk::fused_pre_norm_geglu", mutates_args=())
-def _fused_pre_norm_geglu_op(
+def _forward(
     x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: Optional[torch.Tensor],
     gate_weight: torch.Tensor, gate_bias: Optional[torch.Tensor],
     up_weight: torch.Tensor, up_bias: Optional[torch.Tensor],
@@ -466,6 +561,9 @@ def _fused_pre_norm_geglu_op(
         _tma_ready(x), ln_weight, ln_bias, _tma_ready(compute_weight(gate_weight, x.dtype)), gate_bias,
         _tma_ready(compute_weight(up_weight, x.dtype)), up_bias, _tma_ready(compute_weight(down_weight, x.dtype)),
         down_bias, eps, approximate, save_for_backward)
+
+
+_fused_pre_norm_geglu_op = torch.library.custom_op("sk::fused_pre_norm_geglu", mutates_args=())(_forward)
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -490,6 +588,10 @@ def _setup_context(ctx, inputs, output):
     ctx.approximate = approximate
     ctx.save_for_backward(x, ln_w, wg, wu, wd, stats, xn, gu)
     ctx.bias_dtypes = [b.dtype if b is not None else None for b in (ln_b, bg, bu, bd)]  # their grads are sums
+
+
+def _setup_op_context(ctx, inputs, output):
+    _setup_context(ctx, inputs, output)
     ctx.mark_non_differentiable(*output[1:])
 
 
@@ -498,31 +600,31 @@ def _backward(ctx, dy, *_):
     if xn.numel() != x.numel():
         raise RuntimeError(f"sk.ops.{OP}: backward through a call made without autograd state; call it with "
                            f"grad mode on and an input that requires grad")
-    m, d = x.shape
     ff = wg.shape[0]
     dtype = x.dtype
-    dy = dy.to(dtype).contiguous()
+    if dy.dtype != dtype or not dy.is_contiguous():
+        dy = dy.to(dtype, memory_format=torch.contiguous_format)
     cwg, cwu, cwd = (compute_weight(w, dtype) for w in (wg, wu, wd))
     need = ctx.needs_input_grad
+    eager = _eager(dy)
 
-    dgu, h = _geglu_backward_op(dy @ cwd, gu, d, ctx.approximate)
+    dh = dy @ cwd
+    dgu, h = (_geglu_backward_act if eager else _geglu_backward_act_op)(dh, gu, x.shape[1], ctx.approximate)
     dg, du = dgu[:, :ff], dgu[:, ff:]
     dxn = dg @ cwg
     dxn.addmm_(du, cwu)
-    acc = stats.dtype  # fp32 (fp64 for fp64 inputs): LayerNorm's backward and every reduction run in it
-    dxn_acc = dxn.to(acc)
-    dx_ln, d_ln_w, _ = torch.ops.aten.native_layer_norm_backward(
-        dxn_acc, x.to(acc), [d], stats[0].view(m, 1), stats[1].view(m, 1), ln_w.to(acc), None,
-        [need[0], need[1], False])
-    d_gu_w = dgu.t() @ xn if need[3] or need[5] else None  # gate and up weight grads in one GEMM
+    dx, d_ln = (_ln_backward if eager else _ln_backward_op)(dxn, x, dy, stats, ln_w, ff)
+    acc = stats.dtype  # fp32 (fp64 for fp64 inputs): every reduction runs in it
+    if need[3] or need[5]:  # gate and up weight grads in one GEMM (views of it are the grads)
+        d_gu_w = (dgu.t() @ xn).to(torch.promote_types(wg.dtype, wu.dtype))
     d_gu_b = dgu.sum(0, dtype=acc) if need[4] or need[6] else None
 
     ln_b_dtype, bg_dtype, bu_dtype, bd_dtype = ctx.bias_dtypes
     # Each grad in its input's dtype (FP32 for FP32 masters), computed only where autograd asks for it.
     return (
-        (dx_ln + dy).to(dtype) if need[0] else None,
-        d_ln_w.to(ln_w.dtype) if need[1] else None,
-        dxn_acc.sum(0).to(ln_b_dtype) if need[2] else None,
+        dx if need[0] else None,
+        d_ln[0].to(ln_w.dtype) if need[1] else None,
+        d_ln[1].to(ln_b_dtype) if need[2] else None,
         d_gu_w[:ff].to(wg.dtype) if need[3] else None,
         d_gu_b[:ff].to(bg_dtype) if need[4] else None,
         d_gu_w[ff:].to(wu.dtype) if need[5] else None,
@@ -533,13 +635,53 @@ def _backward(ctx, dy, *_):
     )
 
 
-_fused_pre_norm_geglu_op.register_autograd(_backward, setup_context=_setup_context)
+_fused_pre_norm_geglu_op.register_autograd(_backward, setup_context=_setup_op_context)
+
+
+class _EagerFunction(torch.autograd.Function):
+    """The same forward and backward as the custom op, for eager calls: the custom op's dispatch (schema
+    checks, its own autograd wrapper, four outputs through the dispatcher) cost more host time than the
+    kernels take on the GPU at the seed shape. torch.compile, fake tensors and functorch take the custom op."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output[0]
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _backward(ctx, dy)
+
+
+def _eager(x: torch.Tensor) -> bool:
+    """True when `x` is a real tensor run eagerly: no tracing, no fake or wrapped tensors, no dispatch mode."""
+    return (type(x) is torch.Tensor and not torch.compiler.is_compiling()
+            and _get_current_dispatch_mode() is None and not torch._C._are_functorch_transforms_active())
 
 
 # ----------------------------------------------------------------------------------------------- functional API
 
-def _check(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, eps,
-           approximate):
+def _args_fit(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, eps,
+              approximate) -> bool:
+    """The common case, checked in a few comparisons per call; `_explain_args` says what is wrong otherwise."""
+    if not (isinstance(x, torch.Tensor) and x.dim() and isinstance(gate_weight, torch.Tensor)
+            and gate_weight.dim() == 2 and eps >= 0 and approximate in ("none", "tanh")):
+        return False
+    d, ff = x.shape[-1], gate_weight.shape[0]
+    device = x.device
+    for t, shape in ((x, None), (ln_weight, (d,)), (ln_bias, (d,)), (gate_weight, (ff, d)), (gate_bias, (ff,)),
+                     (up_weight, (ff, d)), (up_bias, (ff,)), (down_weight, (d, ff)), (down_bias, (d,))):
+        if t is None:  # a bias (or a missing weight, caught below)
+            continue
+        if (not isinstance(t, torch.Tensor) or t.dtype not in FLOAT_DTYPES or t.device != device
+                or shape is not None and t.shape != shape):
+            return False
+    return ln_weight is not None and up_weight is not None and down_weight is not None
+
+
+def _explain_args(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, eps,
+                  approximate):
     named = {"x": x, "ln_weight": ln_weight, "ln_bias": ln_bias, "gate_weight": gate_weight,
              "gate_bias": gate_bias, "up_weight": up_weight, "up_bias": up_bias, "down_weight": down_weight,
              "down_bias": down_bias}
@@ -582,13 +724,19 @@ def fused_pre_norm_geglu(
     projections on copies of the weights in the input's dtype, fp32 accumulation. Under autocast an fp32 input
     is converted to the autocast dtype for this op; outside it, an fp32 input takes the recorded fallback.
     """
-    _check(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, eps,
-           approximate)
+    args = (ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, eps, approximate)
+    if not _args_fit(x, *args):
+        _explain_args(x, *args)
     device_type = x.device.type
     if x.dtype == torch.float32 and torch.is_autocast_enabled(device_type):
         x = x.to(torch.get_autocast_dtype(device_type))
     weights = (ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *weights))
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    y = _fused_pre_norm_geglu_op(x2, *weights, float(eps), approximate, save)[0]
+    if not _eager(x2):
+        y = _fused_pre_norm_geglu_op(x2, *weights, float(eps), approximate, save)[0]
+    elif save:
+        y = _EagerFunction.apply(x2, *weights, float(eps), approximate, True)
+    else:
+        y = _forward(x2, *weights, float(eps), approximate, False)[0]
     return y.view(x.shape)
