@@ -1,6 +1,7 @@
 """fused_pre_norm_geglu: the kernels against fp64 math (Triton's interpreter on CPU in fp32/fp16; bf16 on the
 GPU, where the real shapes run too), forward and backward; the custom op (fake impl, autograd, opcheck,
 torch.compile); argument errors; the coverage behaviour (fallback, strict, autocast)."""
+import copy
 import dataclasses
 import importlib
 
@@ -82,13 +83,20 @@ def poisoned_outputs(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("m,d,ff,split_k", [(1, 48, 200, 1), (7, 40, 72, 1), (33, 64, 48, 4), (20, 72, 104, 2)])
 @pytest.mark.parametrize("bias,approximate", [(True, "none"), (False, "tanh")])
-def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approximate, poisoned_outputs):
+@pytest.mark.parametrize("fold", [False, True])
+def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approximate, fold, poisoned_outputs):
+    """fold: the LayerNorm scale folded into the gate/up weights (inference), else normalized in the prologue."""
     params = make_params(d, ff, bias=bias, seed=m + d)
     for i in (2, 4, 6):  # the projections compute in the activation dtype; the oracle sees the same values
         params[i] = params[i].to(dtype)
     x = make_x(m, d, dtype)
     configs = (SMALL.fitted(m, ff, d), dataclasses.replace(SMALL.fitted(m, d, ff), split_k=split_k))
-    y, stats, xn, gu = geglu._forward_kernels(x, *params, EPS, approximate, True, configs)
+    args = list(params)
+    folded = geglu._fold(*params[:6], dtype) if fold else None
+    if fold:  # one more rounding (of γ⊙W) instead of the normalized activation's: the same tolerances hold
+        args[2], args[4] = folded[:2]
+    y, stats, xn, gu = geglu._forward_kernels(x, *args, EPS, approximate, True, configs,
+                                              fold=folded[2] if fold else None)
     assert y.dtype == dtype and y.shape == (m, d)
     assert rel_err(y, fp64_block(x, *params, approximate=approximate)) < TOL[dtype]
     x64 = x.double()
@@ -282,6 +290,39 @@ def test_weight_copies_are_cached_until_the_weight_changes():
     assert geglu.compute_weight(second, torch.bfloat16) is second  # already in the compute dtype: used as is
 
 
+def test_folded_weights_are_cached_until_a_source_changes():
+    ln_w, ln_b, wg, bg, wu, bu = [p.requires_grad_() for p in make_params(16, 32, device="cpu")[:6]]
+    first = geglu._folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, torch.float16)
+    assert geglu._folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, torch.float16) is first
+    with torch.no_grad():
+        ln_b.add_(1.0)  # any of the six: here the LayerNorm shift, which only the fp32 constants hold
+    second = geglu._folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, torch.float16)
+    assert second is not first
+    w = torch.cat([wg, wu]).detach().double()
+    assert torch.equal(second[0], (wg * ln_w).detach().to(torch.float16))
+    shift = w @ ln_b.detach().double() + torch.cat([bg, bu]).detach().double()
+    assert rel_err(second[2][1], shift) < 1e-6 and rel_err(second[2][0], torch.cat(second[:2]).double().sum(1)) < 1e-6
+    with torch.inference_mode():
+        frozen = torch.randn(16)
+    assert geglu._folded_gate_up(frozen, ln_b, wg, bg, wu, bu, torch.float16) is None  # no version counter
+
+
+@pytest.mark.skipif(KERNEL_DEVICE == "cpu" and not INTERPRETED_CPU, reason="needs the kernels")
+def test_inference_after_an_optimizer_step_uses_the_new_weights():
+    """Inference folds the LayerNorm scale into cached weights: an optimizer step must re-make them."""
+    torch.manual_seed(0)
+    block = sk.nn.PreNormGEGLUFFN(16, 24).to(KERNEL_DEVICE)
+    optimizer = torch.optim.SGD(block.parameters(), lr=0.5)
+    dtype = torch.bfloat16 if KERNEL_DEVICE == "cuda" else torch.float16  # the interpreter multiplies bf16 wrongly
+    x = torch.randn(4, 16, device=KERNEL_DEVICE).to(dtype)
+    for _ in range(2):
+        with torch.no_grad(), sk.coverage.strict():
+            y = block(x)
+        assert rel_err(y, copy.deepcopy(block).double()(x.double())) < TOL[torch.bfloat16]
+        block(x).float().sum().backward()
+        optimizer.step()
+
+
 # ----------------------------------------------------------------------------------------------- GPU (bf16)
 
 def poison_allocator(*shapes):
@@ -336,6 +377,21 @@ def test_gpu_backward_bf16(m, d, ff, approximate):
     for name, g, w, e in zip(("x",) + NAMES, got, want, eager):
         err, eager_err = rel_err(g, w), rel_err(e, w)
         assert err < GRAD_TOL[torch.bfloat16] and err <= 2 * eager_err + 1e-3, (name, err, eager_err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mean", [3.0, 20.0])
+def test_gpu_inference_with_large_row_means(mean):
+    """Inference folds γ into the weights and subtracts μ·Σ_k W' after the GEMM (see `_folded_gate_up`): its
+    fp32 accumulation error grows with |μ|/σ; at 20 it must still meet the bf16 bounds."""
+    m, d, ff = 1024, 768, 1448
+    params = make_params(d, ff, device="cuda")
+    x = (torch.randn(m, d, device="cuda") + mean).to(torch.bfloat16)
+    with torch.no_grad(), sk.coverage.strict():
+        y = sk.ops.fused_pre_norm_geglu(x, *params, EPS)
+    want = fp64_block(x, *params)
+    err, eager_err = rel_err(y, want), rel_err(eager_bf16(x, *params), want)
+    assert err < TOL[torch.bfloat16] and err <= 2 * eager_err + 1e-3, (err, eager_err)
 
 
 @pytest.mark.gpu

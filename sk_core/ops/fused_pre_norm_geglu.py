@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import weakref
 from typing import Optional
 
@@ -95,20 +96,24 @@ def _ln_stats_kernel(
 
 @triton.jit(do_not_specialize=["n_rows"])
 def _gate_up_kernel(
-    x_desc, stats_ptr, ln_w_ptr, ln_b_ptr, wg_desc, wu_desc, bg_ptr, bu_ptr, h_ptr, gu_ptr,
+    x_desc, stats_ptr, ln_w_ptr, ln_b_ptr, wg_desc, wu_desc, bg_ptr, bu_ptr, fold_ptr, h_ptr, gu_ptr,
     n_rows, d, ff,
-    FF_ALIGN: tl.constexpr, K_BLOCKS: tl.constexpr,
+    FF_ALIGN: tl.constexpr, K_BLOCKS: tl.constexpr, FOLD_LN: tl.constexpr,
     HAS_LN_BIAS: tl.constexpr, HAS_GATE_BIAS: tl.constexpr, HAS_UP_BIAS: tl.constexpr,
     STORE_PREACT: tl.constexpr, APPROX_TANH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # Operand tiles arrive through TMA descriptors, which zero-fill past the edges: rows past n_rows and
     # columns past d_ff are never stored, and k past d_model meets zero weights, so the loop needs no masks.
+    # FOLD_LN: the weights come with γ folded in and the loop is a plain GEMM on x (both operands straight from
+    # shared memory into the tensor cores); the epilogue applies the statistics (see `_folded_gate_up`).
+    # Otherwise the prologue normalizes each x tile in registers.
     ff_stride = ff // FF_ALIGN * FF_ALIGN  # == ff, written so the compiler knows its alignment (wide stores)
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.cdiv(ff, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = offs_m < n_rows
+    col_ok = offs_n < ff
     mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)[:, None]
     rstd = tl.load(stats_ptr + n_rows + offs_m, mask=row_ok, other=0.0)[:, None]
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -116,23 +121,32 @@ def _gate_up_kernel(
     # Loop counts are compile-time (d_model and d_ff are model constants; a run-time bound breaks Triton's
     # interpreter under NumPy >= 2.4), kept rolled: unrolled, the loop would spill registers.
     for k in tl.range(K_BLOCKS, loop_unroll_factor=1):
-        k_offs = k * BLOCK_K + tl.arange(0, BLOCK_K)
         x = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
         wg = wg_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
         wu = wu_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
-        k_ok = k_offs < d  # the zero-filled k past d_model get zero scale and shift, so xn = 0 there
-        ln_w = tl.load(ln_w_ptr + k_offs, mask=k_ok, other=0.0)
-        xn = (x.to(tl.float32) - mean) * rstd * ln_w.to(tl.float32)[None, :]
-        if HAS_LN_BIAS:
-            xn += tl.load(ln_b_ptr + k_offs, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-        a = xn.to(wg.dtype)  # rounded once to the compute dtype, as eager's LayerNorm output is
+        if FOLD_LN:
+            a = x
+        else:
+            k_offs = k * BLOCK_K + tl.arange(0, BLOCK_K)
+            k_ok = k_offs < d  # the zero-filled k past d_model get zero scale and shift, so xn = 0 there
+            ln_w = tl.load(ln_w_ptr + k_offs, mask=k_ok, other=0.0)
+            xn = (x.to(tl.float32) - mean) * rstd * ln_w.to(tl.float32)[None, :]
+            if HAS_LN_BIAS:
+                xn += tl.load(ln_b_ptr + k_offs, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            a = xn.to(wg.dtype)  # rounded once to the compute dtype, as eager's LayerNorm output is
         acc_g = tl.dot(a, wg.T, acc_g)
         acc_u = tl.dot(a, wu.T, acc_u)
-    col_ok = offs_n < ff
-    if HAS_GATE_BIAS:
-        acc_g += tl.load(bg_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_UP_BIAS:
-        acc_u += tl.load(bu_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if FOLD_LN:
+        # x @ (γ⊙W)ᵀ − μ·Σ_k(γ⊙W) = (x − μ) @ (γ⊙W)ᵀ; then · rstd, + (W·β + b). fold is fp32 [2, 2·ff].
+        acc_g = rstd * (acc_g - mean * tl.load(fold_ptr + offs_n, mask=col_ok, other=0.0)[None, :])
+        acc_u = rstd * (acc_u - mean * tl.load(fold_ptr + ff + offs_n, mask=col_ok, other=0.0)[None, :])
+        acc_g += tl.load(fold_ptr + 2 * ff + offs_n, mask=col_ok, other=0.0)[None, :]
+        acc_u += tl.load(fold_ptr + 3 * ff + offs_n, mask=col_ok, other=0.0)[None, :]
+    else:
+        if HAS_GATE_BIAS:
+            acc_g += tl.load(bg_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if HAS_UP_BIAS:
+            acc_u += tl.load(bu_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     act, _ = _gelu_and_grad(acc_g, APPROX_TANH)
     out_rows = offs_m.to(tl.int64)[:, None]
     out_cols = offs_n[None, :]
@@ -345,6 +359,74 @@ def compute_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return copy
 
 
+# Inference calls fold the LayerNorm scale into cached gate/up weights (`_folded_gate_up`), so that the gate/up
+# kernel is a plain GEMM. It costs a second copy of those weights per dtype; SK_GEGLU_FOLD_LN=0 turns it off.
+FOLD_LN = os.environ.get("SK_GEGLU_FOLD_LN", "1") == "1"
+_folds: dict = {}
+_read_by_graphs: dict = {}
+
+
+def _folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, dtype):
+    """(W'_gate, W'_up, fold) with W' = (γ⊙W) in `dtype` and fold fp32 [[Σ_k W'_gate, Σ_k W'_up],
+    [W_gate·β + b_gate, W_up·β + b_up]], so that for a row x with mean μ and 1/std r
+
+        gate = r·(x @ W'_gateᵀ − μ·Σ_k W'_gate) + (W_gate·β + b_gate)      (up alike)
+
+    is LayerNorm followed by the projection. The row sums are of the rounded W', so the mean cancels exactly
+    in real arithmetic. What remains is the fp32 accumulation error of x @ W'ᵀ, which is relative to μ rather
+    than to the centered values: about d_model·2⁻²⁴·|μ|/σ of the output (5e-5·|μ|/σ at d_model = 768),
+    below a bf16 rounding (3.9e-3) unless rows are nearly constant (|μ|/σ ≳ 30). Training keeps the prologue
+    that normalizes x tiles in fp32, which has no such term.
+
+    Cached like `compute_weight`, on the identity, storage and version counter of all six sources. None where
+    the fold cannot be cached (traced or inference tensors) or is not already cached during a CUDA-graph
+    capture (the graph would recompute it on every replay): the kernel then normalizes in its prologue. A
+    fold read by a capture is kept alive as long as its LayerNorm weight, so that a graph captured before the
+    weights changed never reads freed memory (it keeps computing with the values it captured).
+    """
+    sources = (ln_w, ln_b, wg, bg, wu, bu)
+    present = [t for t in sources if t is not None]
+    if any(type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_inference() for t in present):
+        return None
+    key = (tuple(id(t) for t in sources), dtype)
+    state = [(t._version, t.data_ptr()) for t in present]
+    capturing = wg.is_cuda and torch.cuda.is_current_stream_capturing()
+    entry = _folds.get(key)
+    if entry is not None and entry[1] == state and all(ref() is t for ref, t in zip(entry[0], present)):
+        value = entry[2]
+    elif capturing:
+        return None
+    else:
+        if entry is None:
+            for t in present:
+                weakref.finalize(t, _forget_fold, key)
+        value = _fold(ln_w, ln_b, wg, bg, wu, bu, dtype)
+        _folds[key] = ([weakref.ref(t) for t in present], state, value)
+    if capturing and all(v is not value for v in _read_by_graphs.setdefault(key, [])):
+        _read_by_graphs[key].append(value)
+    return value
+
+
+def _forget_fold(key):
+    _folds.pop(key, None)
+    _read_by_graphs.pop(key, None)
+
+
+def _fold(ln_w, ln_b, wg, bg, wu, bu, dtype):
+    ff = wg.shape[0]
+    with torch.no_grad():
+        w = torch.cat([wg, wu]).float()
+        folded = (w * ln_w.float()).to(dtype)
+        fold = torch.zeros((2, 2 * ff), dtype=torch.float32, device=w.device)
+        torch.sum(folded, 1, dtype=torch.float32, out=fold[0])
+        if ln_b is not None:
+            torch.mv(w, ln_b.float(), out=fold[1])
+        for b, cols in ((bg, fold[1, :ff]), (bu, fold[1, ff:])):
+            if b is not None:
+                cols += b.float()
+    return folded[:ff], folded[ff:], fold
+
+
 # ----------------------------------------------------------------------------------------------- launchers
 
 CHECK_DESCRIPTORS = coverage.TRITON_INTERPRET  # see _descriptor
@@ -363,8 +445,9 @@ def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
 
 
 def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, save_for_backward,
-                     configs: tuple[GemmConfig, GemmConfig] | None = None):
-    """Run the three forward kernels. Returns (y, stats, xn, gu); xn and gu are empty unless saving."""
+                     configs: tuple[GemmConfig, GemmConfig] | None = None, fold: torch.Tensor | None = None):
+    """Run the three forward kernels. Returns (y, stats, xn, gu); xn and gu are empty unless saving.
+    With `fold` (from `_folded_gate_up`), wg and wu are the folded weights that come with it."""
     m, d = x2.shape
     ff = wg.shape[0]
     dtype, dev = x2.dtype, x2.device
@@ -391,8 +474,9 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     tma = _descriptor  # zero-filled past the edges; blocks as the kernel's tiles
     _gate_up_kernel[(_cdiv(m, c.block_m) * _cdiv(ff, c.block_n),)](
         tma(x2, [c.block_m, c.block_k]), stats, ln_w, ln_b,
-        tma(wg, [c.block_n, c.block_k]), tma(wu, [c.block_n, c.block_k]), bg, bu, h, gu, m, d, ff,
-        FF_ALIGN=ff_align, K_BLOCKS=_cdiv(d, c.block_k),
+        tma(wg, [c.block_n, c.block_k]), tma(wu, [c.block_n, c.block_k]), bg, bu,
+        fold if fold is not None else stats, h, gu, m, d, ff,  # stats: any pointer, unread without FOLD_LN
+        FF_ALIGN=ff_align, K_BLOCKS=_cdiv(d, c.block_k), FOLD_LN=fold is not None,
         HAS_LN_BIAS=ln_b is not None, HAS_GATE_BIAS=bg is not None, HAS_UP_BIAS=bu is not None,
         STORE_PREACT=save_for_backward, APPROX_TANH=approx_tanh,
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
@@ -557,10 +641,16 @@ def _forward(
         y, stats, xn, gu = _reference_parts(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias,
                                             down_weight, down_bias, eps, approximate)
         return (y, stats) + ((xn, gu) if save_for_backward else (x.new_empty(0), x.new_empty(0)))
+    folded = None if save_for_backward or not FOLD_LN else _folded_gate_up(
+        ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, x.dtype)
+    if folded is None:
+        wg, wu, fold = compute_weight(gate_weight, x.dtype), compute_weight(up_weight, x.dtype), None
+    else:
+        wg, wu, fold = folded
     return _forward_kernels(
-        _tma_ready(x), ln_weight, ln_bias, _tma_ready(compute_weight(gate_weight, x.dtype)), gate_bias,
-        _tma_ready(compute_weight(up_weight, x.dtype)), up_bias, _tma_ready(compute_weight(down_weight, x.dtype)),
-        down_bias, eps, approximate, save_for_backward)
+        _tma_ready(x), ln_weight, ln_bias, _tma_ready(wg), gate_bias, _tma_ready(wu), up_bias,
+        _tma_ready(compute_weight(down_weight, x.dtype)), down_bias, eps, approximate, save_for_backward,
+        fold=fold)
 
 
 _fused_pre_norm_geglu_op = torch.library.custom_op("sk::fused_pre_norm_geglu", mutates_args=())(_forward)
