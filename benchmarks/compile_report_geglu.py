@@ -4,8 +4,9 @@ shared memory, registers, spill stack, and whether the matrix products became wg
     python benchmarks/compile_report_geglu.py [--sweep]
 
 Uses the ptxas and cuobjdump that ship inside Triton's wheel. Without --sweep it reports the configs the op
-chooses for the benchmark shapes; with --sweep, every candidate of bench_geglu.py's sweep (a spilling
-candidate is not worth device time).
+chooses for the benchmark shapes (the gate/up kernel in both variants: folded for inference, normalizing in
+its prologue for training); with --sweep, every candidate of bench_geglu.py's sweep (a spilling candidate is
+not worth device time).
 """
 from __future__ import annotations
 
@@ -33,15 +34,18 @@ def _desc(rows, cols):
     return f"tensordesc<bf16[{rows}, {cols}]>"
 
 
-def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int) -> str:
+def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool = False) -> str:
+    """`fold`: the gate/up kernel's inference variant (LayerNorm scale folded into the weights, a plain GEMM)."""
     if kind == "gate_up":
         fn = geglu._gate_up_kernel
         signature = {"x_desc": _desc(c.block_m, c.block_k), "stats_ptr": "*fp32", "ln_w_ptr": "*fp32",
                      "ln_b_ptr": "*fp32", "wg_desc": _desc(c.block_n, c.block_k),
                      "wu_desc": _desc(c.block_n, c.block_k), "bg_ptr": "*fp32", "bu_ptr": "*fp32",
-                     "h_ptr": "*bf16", "gu_ptr": "*bf16", "n_rows": "i32", "d": "i32", "ff": "i32"}
-        constexprs = dict(FF_ALIGN=geglu._align(ff), K_BLOCKS=geglu._cdiv(d, c.block_k), HAS_LN_BIAS=True,
-                          HAS_GATE_BIAS=True, HAS_UP_BIAS=True, STORE_PREACT=False, APPROX_TANH=False)
+                     "fold_ptr": "*fp32", "h_ptr": "*bf16", "gu_ptr": "*bf16", "n_rows": "i32", "d": "i32",
+                     "ff": "i32"}
+        constexprs = dict(FF_ALIGN=geglu._align(ff), K_BLOCKS=geglu._cdiv(d, c.block_k), FOLD_LN=fold,
+                          HAS_LN_BIAS=True, HAS_GATE_BIAS=True, HAS_UP_BIAS=True, STORE_PREACT=not fold,
+                          APPROX_TANH=False)
     else:
         fn = geglu._down_kernel
         signature = {"h_desc": _desc(c.block_m, c.block_k), "wd_desc": _desc(c.block_n, c.block_k),
@@ -72,8 +76,10 @@ def main(argv=None):
                 candidates += [geglu.GemmConfig(*c[:5], split_k=c[5] if len(c) > 5 else 1).fitted(
                     m, ff if kind == "gate_up" else d, d if kind == "gate_up" else ff) for c in SWEEP[name][kind]]
             for c in candidates:
-                print(f"[{name}] {kind} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} "
-                      f"split{c.split_k}: {compile_report(kind, c, d, ff)}", flush=True)
+                for fold in (True, False) if kind == "gate_up" else (False,):
+                    variant = (" inference (folded)" if fold else " training") if kind == "gate_up" else ""
+                    print(f"[{name}] {kind}{variant} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} "
+                          f"s{c.num_stages} split{c.split_k}: {compile_report(kind, c, d, ff, fold)}", flush=True)
 
 
 if __name__ == "__main__":
