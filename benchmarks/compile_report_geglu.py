@@ -64,10 +64,28 @@ def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool
     return f"shared={kernel.metadata.shared} {resources} wgmma={'wgmma' in kernel.asm['ptx']}"
 
 
+def ln_backward_report(m: int, d: int) -> str:
+    """The LayerNorm backward kernel (training) as the op launches it for m rows of d_model d."""
+    signature = {"dxn_ptr": "*bf16", "x_ptr": "*bf16", "dy_ptr": "*bf16", "stats_ptr": "*fp32", "ln_w_ptr": "*fp32",
+                 "dx_ptr": "*bf16", "partial_ptr": "*fp32", "n_rows": "i32", "d": "i32"}
+    _, meta = geglu.ln_backward_launch(m, d)
+    num_warps = meta.pop("num_warps")
+    kernel = triton.compile(ASTSource(fn=geglu._ln_backward_kernel, signature=signature, constexprs=meta),
+                            target=SM90, options={"num_warps": num_warps})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    return f"warps={num_warps} shared={kernel.metadata.shared} {' '.join(re.findall(r'(REG:[0-9]+|STACK:[0-9]+)', usage))}"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="report every sweep candidate too")
     args = parser.parse_args(argv)
+    for name, (m, d, ff) in SHAPES.items():
+        print(f"[{name}] ln_backward: {ln_backward_report(m, d)}", flush=True)
+    print(f"[d_model 8192, the covered maximum] ln_backward: {ln_backward_report(1024, 8192)}", flush=True)
     for name, (m, d, ff) in SHAPES.items():
         chosen = dict(zip(("gate_up", "down"), geglu.choose_configs(m, d, ff)))
         for kind, config in chosen.items():
