@@ -3,21 +3,28 @@
 Three Triton kernels in the forward:
   1. `_ln_stats_kernel`: per-row mean and 1/std of x in fp32 (8 bytes a row; in training also the normalized
      activation, which the backward needs anyway).
-  2. `_gate_up_kernel`: one GEMM for gate and up together. Its prologue normalizes each x tile in registers
-     (so the normalized activation never goes through memory), its epilogue adds the biases and writes
-     gelu(g) · u. Each program owns the same columns of gate and up, sharing the x tile between both.
+  2. `_gate_up_kernel`: one GEMM for gate and up together; each program owns the same columns of gate and up,
+     sharing the x tile between both, and its epilogue writes gelu(g) · u. In inference the LayerNorm scale is
+     folded into cached weights (`_folded_gate_up`): a plain GEMM on x, the statistics and the shift applied
+     in the epilogue. In training the prologue normalizes each x tile in registers instead (the backward
+     needs the unfolded weights anyway). Either way the normalized activation never goes through memory.
   3. `_down_kernel`: h @ down_weightᵀ with bias and residual in the epilogue. When the output has too few tiles
      to fill the GPU (decode), K is split across programs that add fp32 partials atomically (so the last bits
      may differ between runs); the last program to finish a tile (counted with an atomic) applies the epilogue.
 The GEMM operands are read through TMA tensor descriptors (Hopper's bulk copy engine feeding wgmma), which
 needs 16-byte rows: d_model and d_ff multiples of 8; other widths take the recorded fallback.
 Matrix products take operands in the activation dtype (bf16/fp16) and accumulate in fp32; LayerNorm reads
-its scale and shift in their own precision (the FP32 masters) and rounds the normalized activation once to
-the activation dtype, as eager's LayerNorm output is. Higher-precision projection weights are cast to the
-activation dtype once and cached until they change (`compute_weight`).
+its scale and shift in their own precision (the FP32 masters). Training rounds the normalized activation
+once to the activation dtype, as eager's LayerNorm output is; inference rounds γ⊙W once instead. Higher-
+precision projection weights are cast to the activation dtype once and cached until they change
+(`compute_weight`, `_folded_gate_up`).
 
-Backward: one Triton kernel for the GEGLU derivative (and h, recomputed rather than stored); dgrad and
-wgrad are cuBLAS GEMMs; the LayerNorm backward is PyTorch's fused one.
+Backward: one Triton kernel for the GEGLU derivative (and h, recomputed rather than stored), one for the
+LayerNorm backward with the residual's gradient added (and partial sums of the LayerNorm weight and bias
+grads); dgrad and wgrad are cuBLAS GEMMs.
+
+Eager calls run the kernels through an autograd.Function (`_EagerFunction`); torch.compile and other
+tracing go through the `torch.library` custom ops (with fake implementations), which run the same code.
 """
 from __future__ import annotations
 
