@@ -87,18 +87,18 @@ def main(argv=None):
         print(f"[{name}] ln_backward: {ln_backward_report(m, d)}", flush=True)
     print(f"[d_model 8192, the covered maximum] ln_backward: {ln_backward_report(1024, 8192)}", flush=True)
     for name, (m, d, ff) in SHAPES.items():
-        chosen = dict(zip(("gate_up", "down"), geglu.choose_configs(m, d, ff)))
-        for kind, config in chosen.items():
-            candidates = [config]
-            if args.sweep:
+        # (kind, variant, whether the gate/up kernel is the folded inference one, configs to compile)
+        gate_up, down = geglu.choose_configs(m, d, ff)
+        runs = [("gate_up", " inference (folded)", True, [gate_up]),
+                ("gate_up", " training", False, [geglu.choose_configs(m, d, ff, training=True)[0]]),
+                ("down", "", False, [down])]
+        for kind, variant, fold, candidates in runs:
+            if args.sweep and variant != " training":  # the sweep times inference
                 candidates += [geglu.GemmConfig(*c[:5], split_k=c[5] if len(c) > 5 else 1).fitted(
                     m, ff if kind == "gate_up" else d, d if kind == "gate_up" else ff) for c in SWEEP[name][kind]]
             for c in candidates:
-                for fold in (True, False) if kind == "gate_up" else (False,):
-                    variant = (" inference (folded)" if fold else " training") if kind == "gate_up" else ""
-                    print(f"[{name}] {kind}{variant} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} "
-                          f"s{c.num_stages} split{c.split_k}: {compile_report(kind, c, d, ff, fold)}", flush=True)
-
+                print(f"[{name}] {kind}{variant} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} "
+                      f"s{c.num_stages} split{c.split_k}: {compile_report(kind, c, d, ff, fold)}", flush=True)
 
 if __name__ == "__main__":
     main()

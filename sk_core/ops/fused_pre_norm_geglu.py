@@ -293,6 +293,13 @@ GATE_UP_CONFIGS = {
     "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3),
     "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
 }
+# Training's gate/up kernel (prologue normalization, pre-activations stored) needs more registers: at the seed
+# shape the inference tile with 4 warps spills 264 bytes on sm90, with 8 warps none (compile_report_geglu.py;
+# not yet timed). At "large", 128 × 128 spills 240 bytes either way; 128 × 64 does not (to be swept).
+TRAINING_GATE_UP_CONFIGS = {
+    **GATE_UP_CONFIGS,
+    "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3),
+}
 DOWN_CONFIGS = {
     "decode": GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=8),
     "small": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3),
@@ -307,13 +314,14 @@ def shape_class(m: int, d: int, ff: int) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def choose_configs(m: int, d: int, ff: int) -> tuple[GemmConfig, GemmConfig]:
+def choose_configs(m: int, d: int, ff: int, training: bool = False) -> tuple[GemmConfig, GemmConfig]:
     """(gate_up, down) configs for this shape: its class's, with blocks no larger than the problem and K split
-    no finer than 4 blocks per split."""
+    no finer than 4 blocks per split. `training`: the forward saves for the backward."""
     cls = shape_class(m, d, ff)
     down = DOWN_CONFIGS[cls].fitted(m, d, ff)
     split = max(1, min(down.split_k, _cdiv(ff, down.block_k) // 4))
-    return GATE_UP_CONFIGS[cls].fitted(m, ff, d), dataclasses.replace(down, split_k=split)
+    gate_up = (TRAINING_GATE_UP_CONFIGS if training else GATE_UP_CONFIGS)[cls]
+    return gate_up.fitted(m, ff, d), dataclasses.replace(down, split_k=split)
 
 
 TMA_ALIGN = 8  # elements: the GEMM operands' rows must start on 16-byte boundaries for TMA
@@ -421,7 +429,7 @@ def _forget_fold(key):
 
 def _fold(ln_w, ln_b, wg, bg, wu, bu, dtype):
     ff = wg.shape[0]
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(wg.device.type, enabled=False):  # fp32 throughout, also under autocast
         w = torch.cat([wg, wu]).float()
         folded = (w * ln_w.float()).to(dtype)
         fold = torch.zeros((2, 2 * ff), dtype=torch.float32, device=w.device)
@@ -464,7 +472,7 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     gu = torch.empty((m, 2 * ff) if save_for_backward else 0, dtype=dtype, device=dev)
     if m == 0:
         return y, stats, xn, gu
-    gate_up, down = configs or choose_configs(m, d, ff)
+    gate_up, down = configs or choose_configs(m, d, ff, save_for_backward)
     d_align, ff_align = _align(d), _align(ff)
     approx_tanh = approximate == "tanh"
 
