@@ -38,11 +38,11 @@ def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool
     """`fold`: the gate/up kernel's inference variant (LayerNorm scale folded into the weights, a plain GEMM)."""
     if kind == "gate_up":
         fn = geglu._gate_up_kernel
-        signature = {"x_desc": _desc(c.block_m, c.block_k), "stats_ptr": "*fp32", "ln_w_ptr": "*fp32",
+        signature = {"x_desc": _desc(c.block_m, c.block_k), "x_ptr": "*bf16", "stats_ptr": "*fp32", "ln_w_ptr": "*fp32",
                      "ln_b_ptr": "*fp32", "wg_desc": _desc(c.block_n, c.block_k),
                      "wu_desc": _desc(c.block_n, c.block_k), "bg_ptr": "*fp32", "bu_ptr": "*fp32",
                      "fold_ptr": "*fp32", "h_ptr": "*bf16", "gu_ptr": "*bf16", "n_rows": "i32", "d": "i32",
-                     "ff": "i32"}
+                     "ff": "i32", "eps": "fp32"}
         constexprs = dict(FF_ALIGN=geglu._align(ff), K_BLOCKS=geglu._cdiv(d, c.block_k), FOLD_LN=fold,
                           HAS_LN_BIAS=True, HAS_GATE_BIAS=True, HAS_UP_BIAS=True, STORE_PREACT=not fold,
                           APPROX_TANH=False)

@@ -85,7 +85,9 @@ def poisoned_outputs(monkeypatch):
 @pytest.mark.parametrize("bias,approximate", [(True, "none"), (False, "tanh")])
 @pytest.mark.parametrize("fold", [False, True])
 def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approximate, fold, poisoned_outputs):
-    """fold: the LayerNorm scale folded into the gate/up weights (inference), else normalized in the prologue."""
+    """fold: inference's path (γ folded into the gate/up weights, the statistics summed in the gate/up kernel);
+    else training's (a statistics pass that also stores the normalized activation, normalized in the prologue,
+    pre-activations stored)."""
     params = make_params(d, ff, bias=bias, seed=m + d)
     for i in (2, 4, 6):  # the projections compute in the activation dtype; the oracle sees the same values
         params[i] = params[i].to(dtype)
@@ -93,15 +95,17 @@ def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approxim
     configs = (SMALL.fitted(m, ff, d), dataclasses.replace(SMALL.fitted(m, d, ff), split_k=split_k))
     args = list(params)
     folded = geglu._fold(*params[:6], dtype) if fold else None
-    if fold:  # one more rounding (of γ⊙W) instead of the normalized activation's: the same tolerances hold
+    if fold:  # a rounding of γ⊙W instead of the normalized activation's: the same tolerances hold
         args[2], args[4] = folded[:2]
-    y, stats, xn, gu = geglu._forward_kernels(x, *args, EPS, approximate, True, configs,
+    y, stats, xn, gu = geglu._forward_kernels(x, *args, EPS, approximate, not fold, configs,
                                               fold=folded[2] if fold else None)
     assert y.dtype == dtype and y.shape == (m, d)
     assert rel_err(y, fp64_block(x, *params, approximate=approximate)) < TOL[dtype]
     x64 = x.double()
     assert rel_err(stats[0], x64.mean(-1)) < 1e-6
     assert rel_err(stats[1], torch.rsqrt(x64.var(-1, unbiased=False) + EPS)) < 1e-6
+    if fold:
+        return
     xn64 = F.layer_norm(x64, (d,), params[0].double(), None if params[1] is None else params[1].double(), EPS)
     assert rel_err(xn, xn64) < TOL[dtype]
     # gu holds the pre-activations computed from the rounded normalized activation: compare against that.
@@ -130,6 +134,23 @@ def test_interpreted_forward_and_backward_through_the_op(approximate, poisoned_o
         assert g.dtype == (torch.float16 if name == "x" else torch.float32), name
         assert rel_err(g, w) < GRAD_TOL[torch.float16], name
     assert sk.coverage.report()["kernel_calls"][geglu.OP] == 3  # forward twice, backward once
+
+
+@needs_interpreter
+def test_interpreted_inference_statistics_with_a_large_mean():
+    """Inference sums each row in the gate/up kernel, shifted by its first element: with mean/std = 1000 an
+    unshifted E[x²] − E[x]² in fp32 would lose the variance (≈ 6 % error); shifted, it stays exact. The folded
+    GEMM's error grows with mean/std (see `_folded_gate_up`): here about 1e-4 on fp32."""
+    m, d, ff = 7, 40, 56
+    params = make_params(d, ff)
+    x = make_x(m, d, torch.float32) + 1000.0
+    wg, wu, fold = geglu._fold(*params[:6], torch.float32)
+    y, stats, _, _ = geglu._forward_kernels(x, params[0], params[1], wg, params[3], wu, params[5], params[6],
+                                            params[7], EPS, "none", False, (SMALL, SMALL), fold=fold)
+    x64 = x.double()
+    assert rel_err(stats[0], x64.mean(-1)) < 1e-7
+    assert rel_err(stats[1], torch.rsqrt(x64.var(-1, unbiased=False) + EPS)) < 1e-5
+    assert rel_err(y - x, fp64_block(x, *params) - x64) < 1e-3  # the block's output, without the residual
 
 
 @needs_interpreter
