@@ -659,8 +659,8 @@ def fused_pre_norm_geglu_reference(x, ln_weight, ln_bias, gate_weight, gate_bias
 @functools.lru_cache(maxsize=64)
 def _shape_miss(d: int, ff: int) -> str | None:
     limits = coverage.table()[OP].limits
-    if d % TMA_ALIGN or ff % TMA_ALIGN:  # TMA needs 16-byte row strides
-        return f"d_model {d} and d_ff {ff} must be multiples of {TMA_ALIGN}"
+    if d % TMA_ALIGN or ff % TMA_ALIGN or not d or not ff:  # TMA needs 16-byte row strides, and rows
+        return f"d_model {d} and d_ff {ff} must be positive multiples of {TMA_ALIGN}"
     return (coverage.limit_miss("d_model", d, limits.get("max_d_model"))
             or coverage.limit_miss("d_ff", ff, limits.get("max_d_ff")))
 
