@@ -176,7 +176,7 @@ def bench_training(m, d, ff):
 
 # Candidate (block_m, block_n, block_k, num_warps, num_stages[, split_k]) per shape for --sweep: those that
 # compile for sm90 without register spills (checked ahead with benchmarks/compile_report_geglu.py on a CPU
-# machine; the gate/up kernel swept is the inference one, γ folded: its 128 × 128 tiles spill 80 bytes in
+# machine; the gate/up kernel swept is the inference one, γ folded: its 128 × 128 tiles spill 64 bytes in
 # the epilogue, the only exception kept).
 SWEEP = {
     "seed": {
