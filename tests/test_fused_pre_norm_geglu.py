@@ -196,6 +196,20 @@ def test_interpreted_compiled_and_eager_paths_agree(poisoned_outputs):
     assert calls >= 4  # both forwards and both backwards ran the kernels
 
 
+def test_eager_calls_skip_the_custom_op_dispatch(monkeypatch):
+    """The host cost per call is what training pays while the GPU waits: eager calls (forward and backward)
+    must not go through the custom ops' dispatch, only traced ones do (see the compile tests)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("custom op called in eager mode")
+    for name in ("_fused_pre_norm_geglu_op", "_geglu_backward_act_op", "_ln_backward_op"):
+        monkeypatch.setattr(geglu, name, refuse)
+    params = make_params(16, 32)
+    x = make_x(3, 16, torch.float16)
+    with torch.no_grad():
+        sk.ops.fused_pre_norm_geglu(x, *params, EPS)
+    grads_of(lambda x, *p: sk.ops.fused_pre_norm_geglu(x, *p, EPS), x, params, torch.ones_like(x))
+
+
 # ----------------------------------------------------------------------------------------------- op, any device
 
 def test_op_reference_matches_the_seed_composition():
