@@ -157,8 +157,8 @@ def test_interpreted_inference_statistics_with_a_large_mean():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("m,d,programs", [(1, 48, 256), (7, 40, 256), (1000, 40, 4), (37, 1000, 8)])
 def test_interpreted_layer_norm_backward_matches_fp64(dtype, m, d, programs, monkeypatch, poisoned_outputs):
-    """dx (with the residual's dy) and the LayerNorm weight and bias grads; few programs make each loop over
-    several row blocks, as large M does on the GPU."""
+    """dx (with the residual's dy), the LayerNorm weight and bias grads and the down bias grad (the sum of dy);
+    few programs make each loop over several row blocks, as large M does on the GPU."""
     monkeypatch.setattr(geglu, "LN_BACKWARD_PROGRAMS", programs)
     gen = torch.Generator().manual_seed(m)
     x, dxn, dy = ((torch.randn(m, d, generator=gen) + 0.3).to(dtype) for _ in range(3))
@@ -174,6 +174,7 @@ def test_interpreted_layer_norm_backward_matches_fp64(dtype, m, d, programs, mon
     assert dx.dtype == dtype and d_ln.dtype == torch.float32
     assert rel_err(dx, leaf.grad + dy.double()) < TOL[dtype]
     assert rel_err(d_ln[0], w64.grad) < 1e-5 and rel_err(d_ln[1], b64.grad) < 1e-5
+    assert rel_err(d_ln[2], dy.double().sum(0)) < 1e-5
 
 
 @needs_interpreter

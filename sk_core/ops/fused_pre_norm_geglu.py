@@ -250,14 +250,16 @@ def _ln_backward_kernel(
     D_ALIGN: tl.constexpr, ITERS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # dx = rstd·(dx̂ − x̂·mean(dx̂·x̂) − mean(dx̂)) + dy, dx̂ = γ·dxn: LayerNorm's backward with the residual's
-    # gradient added, in fp32 and rounded once. Each program also sums dxn·x̂ and dxn over its ITERS·BLOCK_M
-    # rows into partial[0|1, program, :] (the LayerNorm weight and bias grads, summed over programs after).
+    # gradient added, in fp32 and rounded once. Each program also sums dxn·x̂, dxn and dy over its
+    # ITERS·BLOCK_M rows into partial[0|1|2, program, :] (the LayerNorm weight and bias grads and the down
+    # projection's bias grad, summed over programs after).
     row_stride = d // D_ALIGN * D_ALIGN
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < d
     w = tl.load(ln_w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     dw = tl.zeros((BLOCK_D,), dtype=tl.float32)
     db = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    d_down_b = tl.zeros((BLOCK_D,), dtype=tl.float32)
     first = tl.program_id(0) * (ITERS * BLOCK_M)
     for i in tl.range(ITERS, loop_unroll_factor=1):
         rows = first + i * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -272,12 +274,15 @@ def _ln_backward_kernel(
         dxhat = g * w
         c1 = (tl.sum(dxhat * xhat, axis=1) / d)[:, None]
         c2 = (tl.sum(dxhat, axis=1) / d)[:, None]
-        dx = rstd * (dxhat - xhat * c1 - c2) + tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + offs, (rstd * (dxhat - xhat * c1 - c2) + dy).to(dx_ptr.dtype.element_ty), mask=mask)
         dw += tl.sum(g * xhat, axis=0)
         db += tl.sum(g, axis=0)
+        d_down_b += tl.sum(dy, axis=0)
+    programs = tl.num_programs(0)
     tl.store(partial_ptr + tl.program_id(0) * d + cols, dw, mask=col_ok)
-    tl.store(partial_ptr + (tl.num_programs(0) + tl.program_id(0)) * d + cols, db, mask=col_ok)
+    tl.store(partial_ptr + (programs + tl.program_id(0)) * d + cols, db, mask=col_ok)
+    tl.store(partial_ptr + (2 * programs + tl.program_id(0)) * d + cols, d_down_b, mask=col_ok)
 
 
 # ----------------------------------------------------------------------------------------------- launch configs
@@ -569,8 +574,10 @@ LN_BACKWARD_PROGRAMS = 256  # about two per SM: fewer partial rows to sum, enoug
 
 def _ln_backward(dxn: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, stats: torch.Tensor,
                  ln_weight: torch.Tensor, ff: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, [d ln_weight; d ln_bias]) from the normalized activation's gradient dxn: LayerNorm's backward plus
-    the residual's dy. The weight and bias grads are in the statistics' dtype (fp32; fp64 for fp64 inputs)."""
+    """(dx, [d ln_weight; d ln_bias; d down_bias]) from the normalized activation's gradient dxn and the
+    output's dy: LayerNorm's backward plus the residual's dy, and the column sums that are the LayerNorm
+    weight and bias grads and the down projection's bias grad, in the statistics' dtype (fp32; fp64 for
+    fp64 inputs)."""
     m, d = x.shape
     if coverage.miss_reason(OP, x, shape_miss=_shape_miss(d, ff), backward=True) is not None:
         acc = stats.dtype  # the miss was recorded (or raised) by _geglu_backward_act for this backward
@@ -578,12 +585,12 @@ def _ln_backward(dxn: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, stats: to
         dx_ln, d_ln_w, _ = torch.ops.aten.native_layer_norm_backward(
             dxn_acc, x.to(acc), [d], stats[0].view(m, 1), stats[1].view(m, 1), ln_weight.to(acc), None,
             [True, True, False])
-        return (dx_ln + dy).to(x.dtype), torch.stack([d_ln_w, dxn_acc.sum(0)])
+        return (dx_ln + dy).to(x.dtype), torch.stack([d_ln_w, dxn_acc.sum(0), dy.sum(0, dtype=acc)])
     dx = torch.empty_like(x)
     if m == 0:
-        return dx, torch.zeros((2, d), dtype=torch.float32, device=x.device)
+        return dx, torch.zeros((3, d), dtype=torch.float32, device=x.device)
     programs, meta = ln_backward_launch(m, d)
-    partial = torch.empty((2, programs, d), dtype=torch.float32, device=x.device)
+    partial = torch.empty((3, programs, d), dtype=torch.float32, device=x.device)
     _ln_backward_kernel[(programs,)](dxn, x, dy, stats, ln_weight, dx, partial, m, d, **meta)
     return dx, partial.sum(1)
 
@@ -593,8 +600,8 @@ def ln_backward_launch(m: int, d: int) -> tuple[int, dict]:
     block_d = _next_power_of_2(d)
     rows_per_block = max(1, min(16, 2048 // block_d))
     iters = _next_power_of_2(_cdiv(_cdiv(m, rows_per_block), LN_BACKWARD_PROGRAMS))
-    # 8 elements a thread per row tile: five such tiles live at once, without spills up to d_model 8192 on
-    # sm90 (benchmarks/compile_report_geglu.py).
+    # 8 elements a thread per row tile: six such tiles live at once, without spills on sm90 up to d_model 4096
+    # (32 bytes at 8192, where 1024 threads get 64 registers each; benchmarks/compile_report_geglu.py).
     return _cdiv(m, rows_per_block * iters), dict(
         D_ALIGN=_align(d), ITERS=iters, BLOCK_M=rows_per_block, BLOCK_D=block_d,
         num_warps=min(32, max(1, rows_per_block * block_d // 256)))
@@ -614,7 +621,7 @@ def _(dh, gu, d_model, approximate):
 
 @_ln_backward_op.register_fake
 def _(dxn, x, dy, stats, ln_weight, ff):
-    return torch.empty_like(x), stats.new_empty((2, x.shape[1]))
+    return torch.empty_like(x), stats.new_empty((3, x.shape[1]))
 
 
 # ----------------------------------------------------------------------------------------------- reference
@@ -762,7 +769,7 @@ def _backward(ctx, dy, *_):
         d_gu_w[ff:].to(wu.dtype) if need[5] else None,
         d_gu_b[ff:].to(bu_dtype) if need[6] else None,
         (dy.t() @ h).to(wd.dtype) if need[7] else None,
-        dy.sum(0, dtype=acc).to(bd_dtype) if need[8] else None,
+        d_ln[2].to(bd_dtype) if need[8] else None,
         None, None, None,
     )
 
