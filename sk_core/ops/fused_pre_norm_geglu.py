@@ -600,8 +600,8 @@ def ln_backward_launch(m: int, d: int) -> tuple[int, dict]:
     block_d = _next_power_of_2(d)
     rows_per_block = max(1, min(16, 2048 // block_d))
     iters = _next_power_of_2(_cdiv(_cdiv(m, rows_per_block), LN_BACKWARD_PROGRAMS))
-    # 8 elements a thread per row tile: six such tiles live at once, without spills on sm90 up to d_model 4096
-    # (32 bytes at 8192, where 1024 threads get 64 registers each; benchmarks/compile_report_geglu.py).
+    # 8 elements a thread per row tile: six such tiles live at once, without spills on sm90 up to d_model 2048
+    # (16 and 32 bytes at 4096 and 8192, where registers per thread run out; benchmarks/compile_report_geglu.py).
     return _cdiv(m, rows_per_block * iters), dict(
         D_ALIGN=_align(d), ITERS=iters, BLOCK_M=rows_per_block, BLOCK_D=block_d,
         num_warps=min(32, max(1, rows_per_block * block_d // 256)))
