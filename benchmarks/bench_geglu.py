@@ -249,8 +249,8 @@ def to_markdown(meta, rows, train):
     lines = [f"# Pre-norm GEGLU block, bf16, {meta['gpu']}", "",
              f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}. µs per call, median; `graph` = "
              f"{CALLS_PER_REPLAY} calls captured in one CUDA graph; `eager launch` = launched from Python.", "",
-             "| M × D → FF | ours (graph) | ours, LN not folded (graph) | ours (eager launch) | eager | eager in graph "
-             "| max-autotune in graph | best PyTorch / ours | rel. err ours | rel. err ours, not folded "
+             "| M × D → FF | ours (graph) | ours, LN not folded (graph) | ours (eager launch) | eager "
+             "| eager in graph | max-autotune in graph | best PyTorch / ours | rel. err ours | rel. err ours, not folded "
              "| rel. err eager bf16 |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -76,7 +76,8 @@ def ln_backward_report(m: int, d: int) -> str:
         f.write(kernel.asm["cubin"])
         f.flush()
         usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    return f"warps={num_warps} shared={kernel.metadata.shared} {' '.join(re.findall(r'(REG:[0-9]+|STACK:[0-9]+)', usage))}"
+    resources = " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage))
+    return f"warps={num_warps} shared={kernel.metadata.shared} {resources}"
 
 
 def main(argv=None):
