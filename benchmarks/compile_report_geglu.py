@@ -34,15 +34,16 @@ def _desc(rows, cols):
     return f"tensordesc<bf16[{rows}, {cols}]>"
 
 
-def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool = False) -> str:
-    """`fold`: the gate/up kernel's inference variant (LayerNorm scale folded into the weights, a plain GEMM)."""
+def compile_kernel(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool = False):
+    """The compiled sm90 kernel (`.asm` holds its TTGIR, PTX, cubin). `fold`: the gate/up kernel's inference
+    variant (LayerNorm scale folded into the weights, a plain GEMM)."""
     if kind == "gate_up":
         fn = geglu._gate_up_kernel
-        signature = {"x_desc": _desc(c.block_m, c.block_k), "x_ptr": "*bf16", "stats_ptr": "*fp32", "ln_w_ptr": "*fp32",
+        signature = {"x_desc": _desc(c.block_m, c.block_k), "stats_ptr": "*fp32", "ln_w_ptr": "*fp32",
                      "ln_b_ptr": "*fp32", "wg_desc": _desc(c.block_n, c.block_k),
                      "wu_desc": _desc(c.block_n, c.block_k), "bg_ptr": "*fp32", "bu_ptr": "*fp32",
                      "fold_ptr": "*fp32", "h_ptr": "*bf16", "gu_ptr": "*bf16", "n_rows": "i32", "d": "i32",
-                     "ff": "i32", "eps": "fp32"}
+                     "ff": "i32"}
         constexprs = dict(FF_ALIGN=geglu._align(ff), K_BLOCKS=geglu._cdiv(d, c.block_k), FOLD_LN=fold,
                           HAS_LN_BIAS=True, HAS_GATE_BIAS=True, HAS_UP_BIAS=True, STORE_PREACT=not fold,
                           APPROX_TANH=False)
@@ -54,8 +55,12 @@ def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool
         constexprs = dict(K_BLOCKS_PER_SPLIT=geglu._cdiv(geglu._cdiv(ff, c.block_k), c.split_k), HAS_BIAS=True,
                           SPLIT_K=c.split_k)
     constexprs.update(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
-    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=SM90,
-                            options={"num_warps": c.num_warps, "num_stages": c.num_stages})
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=SM90,
+                          options={"num_warps": c.num_warps, "num_stages": c.num_stages})
+
+
+def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool = False) -> str:
+    kernel = compile_kernel(kind, c, d, ff, fold)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()

@@ -4,6 +4,11 @@ torch.compile); argument errors; the coverage behaviour (fallback, strict, autoc
 import copy
 import dataclasses
 import importlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -138,9 +143,8 @@ def test_interpreted_forward_and_backward_through_the_op(approximate, poisoned_o
 
 @needs_interpreter
 def test_interpreted_inference_statistics_with_a_large_mean():
-    """Inference sums each row in the gate/up kernel, shifted by its first element: with mean/std = 1000 an
-    unshifted E[x²] − E[x]² in fp32 would lose the variance (≈ 6 % error); shifted, it stays exact. The folded
-    GEMM's error grows with mean/std (see `_folded_gate_up`): here about 1e-4 on fp32."""
+    """Inference with mean/std = 1000: the statistics pass stays exact (two passes), the folded GEMM's error
+    grows with mean/std (see `_folded_gate_up`): here about 1e-4 on fp32."""
     m, d, ff = 7, 40, 56
     params = make_params(d, ff)
     x = make_x(m, d, torch.float32) + 1000.0
@@ -209,6 +213,54 @@ def test_eager_calls_skip_the_custom_op_dispatch(monkeypatch):
     with torch.no_grad():
         sk.ops.fused_pre_norm_geglu(x, *params, EPS)
     grads_of(lambda x, *p: sk.ops.fused_pre_norm_geglu(x, *p, EPS), x, params, torch.ones_like(x))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("m", [65, 127])
+def test_interpreted_inference_with_the_tables_configs_and_a_partial_row_tile(m):
+    """The op's own configs at the seed width (64-row tiles), M not a multiple of 64: the last tile's rows past
+    M come zero-filled from TMA and are never stored. (The H200 failure at M = 1000 was not this: see the next
+    test; this shows the interpreter agrees at the GPU's tile shapes.)"""
+    d, ff = 768, 1448
+    params = make_params(d, ff, seed=m + d + ff)
+    x = make_x(m, d, torch.float16, seed=m)
+    with torch.no_grad(), sk.coverage.strict():
+        y = sk.ops.fused_pre_norm_geglu(x, *params, EPS)
+    assert geglu.choose_configs(m, d, ff)[0].block_m == 64
+    assert rel_err(y, fp64_block(x, *params)) < TOL[torch.float16]
+
+
+# ------------------------------------------------------------------------------------ compiled for sm90 (any machine)
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+_SHARED_BUFFERS = r"""
+import json, re, sys
+sys.path.insert(0, "benchmarks")
+from compile_report_geglu import compile_kernel, geglu
+found = {}
+for m, d, ff in json.loads(sys.argv[1]):
+    c = geglu.choose_configs(m, d, ff)[0]
+    ttgir = compile_kernel("gate_up", c, d, ff, fold=True).asm["ttgir"]
+    tiles = re.findall(r"ttg\.local_alloc : \(\) -> !ttg\.memdesc<(\d+)x\d+x\d+x", ttgir)  # [buffers]x[tile]
+    found[f"{m}x{d}x{ff}"] = [c.num_stages, [int(n) for n in tiles]]
+print(json.dumps(found))
+"""
+
+
+def test_folded_gate_up_pipelines_every_wgmma_operand_as_deep_as_the_weights():
+    """The H200 failure at M = 1000 (bf16 error 1.0e-2, eager 3.5e-3): with the row sums taken from the x tile
+    inside the loop, Triton 3.6 gave that tile num_stages − 1 shared buffers (the weights num_stages) while the
+    async wgmma reading it was still in flight when the next TMA load refilled the same buffer. No CPU
+    interpreter shows a race: this compiles the folded kernel for sm90 (Triton's own ptxas, no GPU) at the
+    inference configs that use wgmma (64- and 128-row tiles) and counts the buffers. Subprocess: the interpreter,
+    when on, replaces the kernels the compiler needs."""
+    shapes = [(1000, 768, 1448), (8192, 2048, 16384)]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _SHARED_BUFFERS, json.dumps(shapes)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for shape, (stages, buffers) in json.loads(out.stdout.splitlines()[-1]).items():
+        assert buffers == [stages] * 3, (shape, stages, buffers)  # x, W'_gate, W'_up
 
 
 # ----------------------------------------------------------------------------------------------- op, any device

@@ -8,6 +8,11 @@ Three Triton kernels in the forward:
      folded into cached weights (`_folded_gate_up`): a plain GEMM on x, the statistics and the shift applied
      in the epilogue. In training the prologue normalizes each x tile in registers instead (the backward
      needs the unfolded weights anyway). Either way the normalized activation never goes through memory.
+     With the fold, nothing but the tensor cores reads the x tile in the loop: the row statistics come from
+     pass 1. (Summing the rows from that tile in the loop too made Triton 3.6's pipeliner give the tile one
+     shared-memory buffer fewer than its async wgmma needs: the next TMA load overwrote a tile still being
+     read, wrong results on the H200 at 64-row tiles; `tests/test_fused_pre_norm_geglu.py` checks the
+     buffers of the compiled sm90 kernel.)
   3. `_down_kernel`: h @ down_weightᵀ with bias and residual in the epilogue. When the output has too few tiles
      to fill the GPU (decode), K is split across programs that add fp32 partials atomically (so the last bits
      may differ between runs); the last program to finish a tile (counted with an atomic) applies the epilogue.
@@ -101,10 +106,10 @@ def _ln_stats_kernel(
         tl.store(xn_ptr + offs, xn.to(xn_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["n_rows", "eps"])
+@triton.jit(do_not_specialize=["n_rows"])
 def _gate_up_kernel(
-    x_desc, x_ptr, stats_ptr, ln_w_ptr, ln_b_ptr, wg_desc, wu_desc, bg_ptr, bu_ptr, fold_ptr, h_ptr, gu_ptr,
-    n_rows, d, ff, eps,
+    x_desc, stats_ptr, ln_w_ptr, ln_b_ptr, wg_desc, wu_desc, bg_ptr, bu_ptr, fold_ptr, h_ptr, gu_ptr,
+    n_rows, d, ff,
     FF_ALIGN: tl.constexpr, K_BLOCKS: tl.constexpr, FOLD_LN: tl.constexpr,
     HAS_LN_BIAS: tl.constexpr, HAS_GATE_BIAS: tl.constexpr, HAS_UP_BIAS: tl.constexpr,
     STORE_PREACT: tl.constexpr, APPROX_TANH: tl.constexpr,
@@ -113,23 +118,18 @@ def _gate_up_kernel(
     # Operand tiles arrive through TMA descriptors, which zero-fill past the edges: rows past n_rows and
     # columns past d_ff are never stored, and k past d_model meets zero weights, so the loop needs no masks.
     # FOLD_LN: the weights come with γ folded in and the loop is a plain GEMM on x (both operands straight from
-    # shared memory into the tensor cores); the loop also sums each row of x (so no statistics pass runs
-    # before), and the epilogue applies the statistics (see `_folded_gate_up`); the first column of
-    # programs stores them. Otherwise the prologue normalizes each x tile with the statistics in stats_ptr.
+    # shared memory into the tensor cores), the epilogue applies the statistics (see `_folded_gate_up`). Keep
+    # every other read of the x tile out of that loop: a register use of a wgmma operand makes Triton 3.6
+    # give it one pipeline buffer fewer than the wgmma in flight needs (a race; see the module docstring).
+    # Otherwise the prologue normalizes each x tile. Either way the statistics come from stats_ptr.
     ff_stride = ff // FF_ALIGN * FF_ALIGN  # == ff, written so the compiler knows its alignment (wide stores)
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.cdiv(ff, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = offs_m < n_rows
     col_ok = offs_n < ff
-    if FOLD_LN:
-        # Sums of x − (the row's first element): shifted so that E[x²] − E[x]² does not cancel when |mean| ≫ std.
-        shift = tl.load(x_ptr + offs_m.to(tl.int64) * d, mask=row_ok, other=0.0).to(tl.float32)[:, None]
-        sum_x = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        sum_xx = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    else:
-        mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)[:, None]
-        rstd = tl.load(stats_ptr + n_rows + offs_m, mask=row_ok, other=0.0)[:, None]
+    mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)[:, None]
+    rstd = tl.load(stats_ptr + n_rows + offs_m, mask=row_ok, other=0.0)[:, None]
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # Loop counts are compile-time (d_model and d_ff are model constants; a run-time bound breaks Triton's
@@ -138,14 +138,11 @@ def _gate_up_kernel(
         x = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
         wg = wg_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
         wu = wu_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
-        k_offs = k * BLOCK_K + tl.arange(0, BLOCK_K)
-        k_ok = k_offs < d  # the zero-filled k past d_model: no part of the sums, zero scale and shift
         if FOLD_LN:
-            centered = tl.where(k_ok[None, :], x.to(tl.float32) - shift, 0.0)
-            sum_x += tl.sum(centered, axis=1)
-            sum_xx += tl.sum(centered * centered, axis=1)
             a = x
         else:
+            k_offs = k * BLOCK_K + tl.arange(0, BLOCK_K)
+            k_ok = k_offs < d  # the zero-filled k past d_model: zero scale and shift
             ln_w = tl.load(ln_w_ptr + k_offs, mask=k_ok, other=0.0)
             xn = (x.to(tl.float32) - mean) * rstd * ln_w.to(tl.float32)[None, :]
             if HAS_LN_BIAS:
@@ -154,13 +151,6 @@ def _gate_up_kernel(
         acc_g = tl.dot(a, wg.T, acc_g)
         acc_u = tl.dot(a, wu.T, acc_u)
     if FOLD_LN:
-        mean_shifted = sum_x / d
-        var = tl.maximum(sum_xx / d - mean_shifted * mean_shifted, 0.0)
-        mean = shift + mean_shifted[:, None]
-        rstd = tl.rsqrt(var + eps)[:, None]
-        if pid_n == 0:
-            tl.store(stats_ptr + offs_m[:, None], mean, mask=row_ok[:, None])
-            tl.store(stats_ptr + n_rows + offs_m[:, None], rstd, mask=row_ok[:, None])
         # x @ (γ⊙W)ᵀ − μ·Σ_k(γ⊙W) = (x − μ) @ (γ⊙W)ᵀ; then · rstd, + (W·β + b). fold is fp32 [2, 2·ff].
         acc_g = rstd * (acc_g - mean * tl.load(fold_ptr + offs_n, mask=col_ok, other=0.0)[None, :])
         acc_u = rstd * (acc_u - mean * tl.load(fold_ptr + ff + offs_n, mask=col_ok, other=0.0)[None, :])
@@ -397,8 +387,8 @@ def compute_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 # Inference calls fold the LayerNorm scale into cached gate/up weights (`_folded_gate_up`), so that the gate/up
-# kernel is a plain GEMM that also computes the row statistics (no statistics pass). It costs a second copy of
-# those weights per dtype; SK_GEGLU_FOLD_LN=0 turns it off (then inference runs as training's forward does).
+# kernel is a plain GEMM (both operands from shared memory). It costs a second copy of those weights per dtype;
+# SK_GEGLU_FOLD_LN=0 turns it off (then inference runs as training's forward does).
 FOLD_LN = os.environ.get("SK_GEGLU_FOLD_LN", "1") == "1"
 _folds: dict = {}
 _read_by_graphs: dict = {}
@@ -501,23 +491,22 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     d_align, ff_align = _align(d), _align(ff)
     approx_tanh = approximate == "tanh"
 
-    if fold is None:  # with the fold, the gate/up kernel computes the statistics itself
-        block_d = _next_power_of_2(d)
-        rows_per_program = max(1, min(16, 2048 // block_d))
-        _ln_stats_kernel[(_cdiv(m, rows_per_program),)](
-            x2, stats, ln_w, ln_b, xn, m, d, eps,
-            D_ALIGN=d_align, HAS_LN_BIAS=ln_b is not None, STORE_XN=save_for_backward,
-            BLOCK_M=rows_per_program, BLOCK_D=block_d,
-            num_warps=min(16, max(1, rows_per_program * block_d // 512)),
-        )
+    block_d = _next_power_of_2(d)
+    rows_per_program = max(1, min(16, 2048 // block_d))
+    _ln_stats_kernel[(_cdiv(m, rows_per_program),)](
+        x2, stats, ln_w, ln_b, xn, m, d, eps,
+        D_ALIGN=d_align, HAS_LN_BIAS=ln_b is not None, STORE_XN=save_for_backward,
+        BLOCK_M=rows_per_program, BLOCK_D=block_d,
+        num_warps=min(16, max(1, rows_per_program * block_d // 512)),
+    )
 
     h = torch.empty((m, ff), dtype=dtype, device=dev)
     c = gate_up
     tma = _descriptor  # zero-filled past the edges; blocks as the kernel's tiles
     _gate_up_kernel[(_cdiv(m, c.block_m) * _cdiv(ff, c.block_n),)](
-        tma(x2, [c.block_m, c.block_k]), x2, stats, ln_w, ln_b,
+        tma(x2, [c.block_m, c.block_k]), stats, ln_w, ln_b,
         tma(wg, [c.block_n, c.block_k]), tma(wu, [c.block_n, c.block_k]), bg, bu,
-        fold if fold is not None else stats, h, gu, m, d, ff, eps,  # stats: unread without FOLD_LN
+        fold if fold is not None else stats, h, gu, m, d, ff,  # stats: unread without FOLD_LN
         FF_ALIGN=ff_align, K_BLOCKS=_cdiv(d, c.block_k), FOLD_LN=fold is not None,
         HAS_LN_BIAS=ln_b is not None, HAS_GATE_BIAS=bg is not None, HAS_UP_BIAS=bu is not None,
         STORE_PREACT=save_for_backward, APPROX_TANH=approx_tanh,
