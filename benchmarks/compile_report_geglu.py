@@ -4,8 +4,9 @@ shared memory, registers, spill stack, and whether the matrix products became wg
     python benchmarks/compile_report_geglu.py [--sweep]
 
 Uses the ptxas and cuobjdump that ship inside Triton's wheel. Without --sweep it reports the configs the op
-chooses for the benchmark shapes; with --sweep, every candidate of bench_geglu.py's sweep (a spilling
-candidate is not worth device time).
+chooses for the benchmark shapes (the gate/up kernel in both variants: folded for inference, normalizing in
+its prologue for training); with --sweep, every candidate of bench_geglu.py's sweep (a spilling candidate is
+not worth device time).
 """
 from __future__ import annotations
 
@@ -33,15 +34,19 @@ def _desc(rows, cols):
     return f"tensordesc<bf16[{rows}, {cols}]>"
 
 
-def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int) -> str:
+def compile_kernel(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool = False):
+    """The compiled sm90 kernel (`.asm` holds its TTGIR, PTX, cubin). `fold`: the gate/up kernel's inference
+    variant (LayerNorm scale folded into the weights, a plain GEMM)."""
     if kind == "gate_up":
         fn = geglu._gate_up_kernel
         signature = {"x_desc": _desc(c.block_m, c.block_k), "stats_ptr": "*fp32", "ln_w_ptr": "*fp32",
                      "ln_b_ptr": "*fp32", "wg_desc": _desc(c.block_n, c.block_k),
                      "wu_desc": _desc(c.block_n, c.block_k), "bg_ptr": "*fp32", "bu_ptr": "*fp32",
-                     "h_ptr": "*bf16", "gu_ptr": "*bf16", "n_rows": "i32", "d": "i32", "ff": "i32"}
-        constexprs = dict(FF_ALIGN=geglu._align(ff), K_BLOCKS=geglu._cdiv(d, c.block_k), HAS_LN_BIAS=True,
-                          HAS_GATE_BIAS=True, HAS_UP_BIAS=True, STORE_PREACT=False, APPROX_TANH=False)
+                     "fold_ptr": "*fp32", "h_ptr": "*bf16", "gu_ptr": "*bf16", "n_rows": "i32", "d": "i32",
+                     "ff": "i32"}
+        constexprs = dict(FF_ALIGN=geglu._align(ff), K_BLOCKS=geglu._cdiv(d, c.block_k), FOLD_LN=fold,
+                          HAS_LN_BIAS=True, HAS_GATE_BIAS=True, HAS_UP_BIAS=True, STORE_PREACT=not fold,
+                          APPROX_TANH=False)
     else:
         fn = geglu._down_kernel
         signature = {"h_desc": _desc(c.block_m, c.block_k), "wd_desc": _desc(c.block_n, c.block_k),
@@ -50,8 +55,12 @@ def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int) -> str:
         constexprs = dict(K_BLOCKS_PER_SPLIT=geglu._cdiv(geglu._cdiv(ff, c.block_k), c.split_k), HAS_BIAS=True,
                           SPLIT_K=c.split_k)
     constexprs.update(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
-    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=SM90,
-                            options={"num_warps": c.num_warps, "num_stages": c.num_stages})
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=SM90,
+                          options={"num_warps": c.num_warps, "num_stages": c.num_stages})
+
+
+def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool = False) -> str:
+    kernel = compile_kernel(kind, c, d, ff, fold)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
@@ -60,21 +69,42 @@ def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int) -> str:
     return f"shared={kernel.metadata.shared} {resources} wgmma={'wgmma' in kernel.asm['ptx']}"
 
 
+def ln_backward_report(m: int, d: int) -> str:
+    """The LayerNorm backward kernel (training) as the op launches it for m rows of d_model d."""
+    signature = {"dxn_ptr": "*bf16", "x_ptr": "*bf16", "dy_ptr": "*bf16", "stats_ptr": "*fp32", "ln_w_ptr": "*fp32",
+                 "dx_ptr": "*bf16", "partial_ptr": "*fp32", "n_rows": "i32", "d": "i32"}
+    _, meta = geglu.ln_backward_launch(m, d)
+    num_warps = meta.pop("num_warps")
+    kernel = triton.compile(ASTSource(fn=geglu._ln_backward_kernel, signature=signature, constexprs=meta),
+                            target=SM90, options={"num_warps": num_warps})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    resources = " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage))
+    return f"warps={num_warps} shared={kernel.metadata.shared} {resources}"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="report every sweep candidate too")
     args = parser.parse_args(argv)
     for name, (m, d, ff) in SHAPES.items():
-        chosen = dict(zip(("gate_up", "down"), geglu.choose_configs(m, d, ff)))
-        for kind, config in chosen.items():
-            candidates = [config]
-            if args.sweep:
+        print(f"[{name}] ln_backward: {ln_backward_report(m, d)}", flush=True)
+    print(f"[d_model 8192, the covered maximum] ln_backward: {ln_backward_report(1024, 8192)}", flush=True)
+    for name, (m, d, ff) in SHAPES.items():
+        # (kind, variant, whether the gate/up kernel is the folded inference one, configs to compile)
+        gate_up, down = geglu.choose_configs(m, d, ff)
+        runs = [("gate_up", " inference (folded)", True, [gate_up]),
+                ("gate_up", " training", False, [geglu.choose_configs(m, d, ff, training=True)[0]]),
+                ("down", "", False, [down])]
+        for kind, variant, fold, candidates in runs:
+            if args.sweep and variant != " training":  # the sweep times inference
                 candidates += [geglu.GemmConfig(*c[:5], split_k=c[5] if len(c) > 5 else 1).fitted(
                     m, ff if kind == "gate_up" else d, d if kind == "gate_up" else ff) for c in SWEEP[name][kind]]
             for c in candidates:
-                print(f"[{name}] {kind} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} "
-                      f"split{c.split_k}: {compile_report(kind, c, d, ff)}", flush=True)
-
+                print(f"[{name}] {kind}{variant} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} "
+                      f"s{c.num_stages} split{c.split_k}: {compile_report(kind, c, d, ff, fold)}", flush=True)
 
 if __name__ == "__main__":
     main()

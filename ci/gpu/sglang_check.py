@@ -7,7 +7,7 @@ CUDA graphs for decode, piecewise CUDA graphs for prefill), `sampling_backend="p
 what a user does: `import sk.adapters.sglang` before building the engine. Each run measures
   - greedy tokens with the top-5 candidates per step (agreement with stock: exact sequences, first divergence,
     top-5 overlap before it; the models have peaked logits, so greedy tokens are meaningful);
-  - throughput: 64 prompts x 64 generated tokens;
+  - throughput: 64 prompts x 64 generated tokens, the median of 7 timed batches after a warm-up batch;
   - decode latency: one sequence, milliseconds per generated token;
   - our ops in the engine: each scheduler process's adapter report (kernel calls and fallbacks per TP rank),
     written when the engine is asked for its server info (SGLang kills schedulers at shutdown).
@@ -44,6 +44,7 @@ from vllm_check import (  # noqa: E402  (shared with the vLLM check: same prompt
     PROMPT_LEN,
     STYLES,
     THROUGHPUT_PROMPTS,
+    THROUGHPUT_REPEATS,
     THROUGHPUT_TOKENS,
     TOKEN_PROMPTS,
     TOKEN_STEPS,
@@ -77,8 +78,11 @@ def run_engine(model: Path, with_adapter: bool, tp: int) -> dict:
     import torch
 
     started = time.perf_counter()
+    # log_level info (the Engine's default is error): a patched SGLang's (export_check.py) "first launch" lines
+    # of the exported kernels are the proof that they ran.
     engine = sglang.Engine(model_path=str(model), dtype="bfloat16", tp_size=tp, random_seed=0,
-                           sampling_backend="pytorch", context_length=1024, mem_fraction_static=0.6)
+                           sampling_backend="pytorch", context_length=1024, mem_fraction_static=0.6,
+                           log_level="info")
     startup_s = time.perf_counter() - started
     try:
         greedy = {"temperature": 0.0, "max_new_tokens": TOKEN_STEPS, "ignore_eos": True}
@@ -94,9 +98,13 @@ def run_engine(model: Path, with_adapter: bool, tp: int) -> dict:
         batch = token_ids(model, THROUGHPUT_PROMPTS, seed=2)
         # Warm-up with the timed batch: kernels compiled on first use stay out of the timing.
         engine.generate(input_ids=batch, sampling_params=fixed)
-        started = time.perf_counter()
-        engine.generate(input_ids=batch, sampling_params=fixed)
-        throughput_s = time.perf_counter() - started
+
+        def batch_s() -> float:
+            started = time.perf_counter()
+            engine.generate(input_ids=batch, sampling_params=fixed)
+            return time.perf_counter() - started
+
+        throughput_s = statistics.median(batch_s() for _ in range(THROUGHPUT_REPEATS))
 
         def one_sequence_s(max_tokens: int) -> float:
             started = time.perf_counter()
@@ -252,7 +260,8 @@ def markdown(summary: dict) -> str:
              f"GPU: {summary['gpu']}; tensor parallel: {summary['tp']}; versions: "
              + ", ".join(f"{k} {v}" for k, v in summary["versions"].items()), "",
              "bf16, SGLang defaults (CUDA graphs for decode, piecewise CUDA graphs for prefill), sampling backend "
-             f"pytorch. Throughput: {THROUGHPUT_PROMPTS} prompts x {THROUGHPUT_TOKENS} tokens (prompt {PROMPT_LEN}). "
+             f"pytorch. Throughput: {THROUGHPUT_PROMPTS} prompts x {THROUGHPUT_TOKENS} tokens, median of "
+             f"{THROUGHPUT_REPEATS} batches (prompt {PROMPT_LEN}). "
              f"Decode: one sequence, ms per token. Tokens: {TOKEN_PROMPTS} prompts x {TOKEN_STEPS} greedy steps "
              "vs stock.", "",
              f"| model | variant | start (s) | tokens/s | decode ms/token | greedy = stock | top-{TOP_K} overlap | "

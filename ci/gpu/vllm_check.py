@@ -6,7 +6,7 @@ For each model style and variant, one engine runs in its own process, in vLLM's 
 compile + CUDA graphs) and measures:
   - greedy tokens with the top-5 candidates per step (agreement with stock: exact sequences, first divergence,
     top-5 overlap before it);
-  - throughput: 64 prompts x 64 generated tokens;
+  - throughput: 64 prompts x 64 generated tokens, the median of 7 timed batches after a warm-up batch;
   - decode latency: one sequence, milliseconds per generated token;
   - our ops in the engine: each process's adapter report (kernel calls and fallbacks, per worker rank).
 Writes OUTDIR/vllm_check.json and OUTDIR/vllm_check.md.
@@ -32,6 +32,8 @@ from engine_child import run_child  # noqa: E402
 
 PROMPT_LEN = 128
 THROUGHPUT_PROMPTS, THROUGHPUT_TOKENS = 64, 64
+# One batch takes 0.1-0.3 s on the H200: a single timing of it varied by 1.5x between runs (2026-11-30).
+THROUGHPUT_REPEATS = 7
 LATENCY_TOKENS, LATENCY_REPEATS = 128, 5
 TOKEN_PROMPTS, TOKEN_STEPS, TOP_K = 16, 32, 5
 # Llama style runs on any vLLM; vLLM 0.25's Gemma requires tied embeddings.
@@ -106,9 +108,13 @@ def run_engine(model: Path, tp: int) -> dict:
     batch = prompts(model, THROUGHPUT_PROMPTS, seed=2)
     fixed = SamplingParams(temperature=0.0, max_tokens=THROUGHPUT_TOKENS, ignore_eos=True)
     llm.generate(batch, fixed)  # warm-up with the timed batch: kernels compiled on first use stay out of the timing
-    started = time.perf_counter()
-    llm.generate(batch, fixed)
-    throughput_s = time.perf_counter() - started
+
+    def batch_s() -> float:
+        started = time.perf_counter()
+        llm.generate(batch, fixed)
+        return time.perf_counter() - started
+
+    throughput_s = statistics.median(batch_s() for _ in range(THROUGHPUT_REPEATS))
 
     def one_sequence_s(max_tokens: int) -> float:
         started = time.perf_counter()
@@ -188,7 +194,8 @@ def markdown(summary: dict) -> str:
              "bf16, vLLM defaults (Inductor compile + CUDA graphs"
              + ("; all-reduce + RMSNorm fusion off: it needs NVLink multicast" if summary["tp"] > 1 else "")
              + "). Throughput: "
-             f"{THROUGHPUT_PROMPTS} prompts x {THROUGHPUT_TOKENS} tokens (prompt {PROMPT_LEN} random tokens; trained models: "
+             f"{THROUGHPUT_PROMPTS} prompts x {THROUGHPUT_TOKENS} tokens, median of {THROUGHPUT_REPEATS} batches "
+             f"(prompt {PROMPT_LEN} random tokens; trained models: "
              "held-out corpus prompts). Decode: one "
              f"sequence, ms per token. Tokens: {TOKEN_PROMPTS} prompts x {TOKEN_STEPS} greedy steps vs stock.", "",
              "| model | variant | start (s) | tokens/s | decode ms/token | greedy = stock | top-5 overlap | "

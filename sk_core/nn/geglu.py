@@ -5,7 +5,8 @@
 Parameters are FP32 masters (what the optimizer updates; their gradients are FP32). With a BF16 input the
 op reads the LayerNorm scale and shift in FP32 and computes the projections on BF16 copies of the masters,
 made once and re-made only after a master changes (the op's `compute_weight` cache follows each parameter's
-version counter, which every optimizer step advances). Under CUDA BF16 autocast an FP32 input is converted
+version counter, which every optimizer step advances; inference uses copies with the LayerNorm scale folded
+in, cached the same way). Under CUDA BF16 autocast an FP32 input is converted
 for this op; outside autocast an FP32 input runs the PyTorch fallback, recorded in the coverage report.
 """
 from __future__ import annotations

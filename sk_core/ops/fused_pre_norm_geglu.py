@@ -3,26 +3,39 @@
 Three Triton kernels in the forward:
   1. `_ln_stats_kernel`: per-row mean and 1/std of x in fp32 (8 bytes a row; in training also the normalized
      activation, which the backward needs anyway).
-  2. `_gate_up_kernel`: one GEMM for gate and up together. Its prologue normalizes each x tile in registers
-     (so the normalized activation never goes through memory), its epilogue adds the biases and writes
-     gelu(g) · u. Each program owns the same columns of gate and up, sharing the x tile between both.
+  2. `_gate_up_kernel`: one GEMM for gate and up together; each program owns the same columns of gate and up,
+     sharing the x tile between both, and its epilogue writes gelu(g) · u. In inference the LayerNorm scale is
+     folded into cached weights (`_folded_gate_up`): a plain GEMM on x, the statistics and the shift applied
+     in the epilogue. In training the prologue normalizes each x tile in registers instead (the backward
+     needs the unfolded weights anyway). Either way the normalized activation never goes through memory.
+     With the fold, nothing but the tensor cores reads the x tile in the loop: the row statistics come from
+     pass 1. (Summing the rows from that tile in the loop too made Triton 3.6's pipeliner give the tile one
+     shared-memory buffer fewer than its async wgmma needs: the next TMA load overwrote a tile still being
+     read, wrong results on the H200 at 64-row tiles; `tests/test_fused_pre_norm_geglu.py` checks the
+     buffers of the compiled sm90 kernel.)
   3. `_down_kernel`: h @ down_weightᵀ with bias and residual in the epilogue. When the output has too few tiles
      to fill the GPU (decode), K is split across programs that add fp32 partials atomically (so the last bits
      may differ between runs); the last program to finish a tile (counted with an atomic) applies the epilogue.
 The GEMM operands are read through TMA tensor descriptors (Hopper's bulk copy engine feeding wgmma), which
 needs 16-byte rows: d_model and d_ff multiples of 8; other widths take the recorded fallback.
 Matrix products take operands in the activation dtype (bf16/fp16) and accumulate in fp32; LayerNorm reads
-its scale and shift in their own precision (the FP32 masters) and rounds the normalized activation once to
-the activation dtype, as eager's LayerNorm output is. Higher-precision projection weights are cast to the
-activation dtype once and cached until they change (`compute_weight`).
+its scale and shift in their own precision (the FP32 masters). Training rounds the normalized activation
+once to the activation dtype, as eager's LayerNorm output is; inference rounds γ⊙W once instead. Higher-
+precision projection weights are cast to the activation dtype once and cached until they change
+(`compute_weight`, `_folded_gate_up`).
 
-Backward: one Triton kernel for the GEGLU derivative (and h, recomputed rather than stored); dgrad and
-wgrad are cuBLAS GEMMs; the LayerNorm backward is PyTorch's fused one.
+Backward: one Triton kernel for the GEGLU derivative (and h, recomputed rather than stored), one for the
+LayerNorm backward with the residual's gradient added (and partial sums of the LayerNorm weight and bias
+grads); dgrad and wgrad are cuBLAS GEMMs.
+
+Eager calls run the kernels through an autograd.Function (`_EagerFunction`); torch.compile and other
+tracing go through the `torch.library` custom ops (with fake implementations), which run the same code.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import weakref
 from typing import Optional
 
@@ -30,9 +43,10 @@ import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from sk import coverage
-from sk.ops._common import check_float, check_same_device
+from sk.ops._common import FLOAT_DTYPES, check_float, check_same_device
 
 OP = "fused_pre_norm_geglu"
 _SQRT_HALF = tl.constexpr(0.7071067811865476)  # globals a Triton kernel reads must be constexpr
@@ -94,20 +108,26 @@ def _ln_stats_kernel(
 
 @triton.jit(do_not_specialize=["n_rows"])
 def _gate_up_kernel(
-    x_desc, stats_ptr, ln_w_ptr, ln_b_ptr, wg_desc, wu_desc, bg_ptr, bu_ptr, h_ptr, gu_ptr,
+    x_desc, stats_ptr, ln_w_ptr, ln_b_ptr, wg_desc, wu_desc, bg_ptr, bu_ptr, fold_ptr, h_ptr, gu_ptr,
     n_rows, d, ff,
-    FF_ALIGN: tl.constexpr, K_BLOCKS: tl.constexpr,
+    FF_ALIGN: tl.constexpr, K_BLOCKS: tl.constexpr, FOLD_LN: tl.constexpr,
     HAS_LN_BIAS: tl.constexpr, HAS_GATE_BIAS: tl.constexpr, HAS_UP_BIAS: tl.constexpr,
     STORE_PREACT: tl.constexpr, APPROX_TANH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # Operand tiles arrive through TMA descriptors, which zero-fill past the edges: rows past n_rows and
     # columns past d_ff are never stored, and k past d_model meets zero weights, so the loop needs no masks.
+    # FOLD_LN: the weights come with γ folded in and the loop is a plain GEMM on x (both operands straight from
+    # shared memory into the tensor cores), the epilogue applies the statistics (see `_folded_gate_up`). Keep
+    # every other read of the x tile out of that loop: a register use of a wgmma operand makes Triton 3.6
+    # give it one pipeline buffer fewer than the wgmma in flight needs (a race; see the module docstring).
+    # Otherwise the prologue normalizes each x tile. Either way the statistics come from stats_ptr.
     ff_stride = ff // FF_ALIGN * FF_ALIGN  # == ff, written so the compiler knows its alignment (wide stores)
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.cdiv(ff, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = offs_m < n_rows
+    col_ok = offs_n < ff
     mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)[:, None]
     rstd = tl.load(stats_ptr + n_rows + offs_m, mask=row_ok, other=0.0)[:, None]
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -115,23 +135,32 @@ def _gate_up_kernel(
     # Loop counts are compile-time (d_model and d_ff are model constants; a run-time bound breaks Triton's
     # interpreter under NumPy >= 2.4), kept rolled: unrolled, the loop would spill registers.
     for k in tl.range(K_BLOCKS, loop_unroll_factor=1):
-        k_offs = k * BLOCK_K + tl.arange(0, BLOCK_K)
         x = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
         wg = wg_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
         wu = wu_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
-        k_ok = k_offs < d  # the zero-filled k past d_model get zero scale and shift, so xn = 0 there
-        ln_w = tl.load(ln_w_ptr + k_offs, mask=k_ok, other=0.0)
-        xn = (x.to(tl.float32) - mean) * rstd * ln_w.to(tl.float32)[None, :]
-        if HAS_LN_BIAS:
-            xn += tl.load(ln_b_ptr + k_offs, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-        a = xn.to(wg.dtype)  # rounded once to the compute dtype, as eager's LayerNorm output is
+        if FOLD_LN:
+            a = x
+        else:
+            k_offs = k * BLOCK_K + tl.arange(0, BLOCK_K)
+            k_ok = k_offs < d  # the zero-filled k past d_model: zero scale and shift
+            ln_w = tl.load(ln_w_ptr + k_offs, mask=k_ok, other=0.0)
+            xn = (x.to(tl.float32) - mean) * rstd * ln_w.to(tl.float32)[None, :]
+            if HAS_LN_BIAS:
+                xn += tl.load(ln_b_ptr + k_offs, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            a = xn.to(wg.dtype)  # rounded once to the compute dtype, as eager's LayerNorm output is
         acc_g = tl.dot(a, wg.T, acc_g)
         acc_u = tl.dot(a, wu.T, acc_u)
-    col_ok = offs_n < ff
-    if HAS_GATE_BIAS:
-        acc_g += tl.load(bg_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_UP_BIAS:
-        acc_u += tl.load(bu_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if FOLD_LN:
+        # x @ (γ⊙W)ᵀ − μ·Σ_k(γ⊙W) = (x − μ) @ (γ⊙W)ᵀ; then · rstd, + (W·β + b). fold is fp32 [2, 2·ff].
+        acc_g = rstd * (acc_g - mean * tl.load(fold_ptr + offs_n, mask=col_ok, other=0.0)[None, :])
+        acc_u = rstd * (acc_u - mean * tl.load(fold_ptr + ff + offs_n, mask=col_ok, other=0.0)[None, :])
+        acc_g += tl.load(fold_ptr + 2 * ff + offs_n, mask=col_ok, other=0.0)[None, :]
+        acc_u += tl.load(fold_ptr + 3 * ff + offs_n, mask=col_ok, other=0.0)[None, :]
+    else:
+        if HAS_GATE_BIAS:
+            acc_g += tl.load(bg_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if HAS_UP_BIAS:
+            acc_u += tl.load(bu_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     act, _ = _gelu_and_grad(acc_g, APPROX_TANH)
     out_rows = offs_m.to(tl.int64)[:, None]
     out_cols = offs_n[None, :]
@@ -205,6 +234,47 @@ def _geglu_backward_kernel(
     tl.store(h_ptr + row * ff_stride + cols, (act * u).to(h_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit(do_not_specialize=["n_rows"])
+def _ln_backward_kernel(
+    dxn_ptr, x_ptr, dy_ptr, stats_ptr, ln_w_ptr, dx_ptr, partial_ptr, n_rows, d,
+    D_ALIGN: tl.constexpr, ITERS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # dx = rstd·(dx̂ − x̂·mean(dx̂·x̂) − mean(dx̂)) + dy, dx̂ = γ·dxn: LayerNorm's backward with the residual's
+    # gradient added, in fp32 and rounded once. Each program also sums dxn·x̂, dxn and dy over its
+    # ITERS·BLOCK_M rows into partial[0|1|2, program, :] (the LayerNorm weight and bias grads and the down
+    # projection's bias grad, summed over programs after).
+    row_stride = d // D_ALIGN * D_ALIGN
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < d
+    w = tl.load(ln_w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    dw = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    db = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    d_down_b = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    first = tl.program_id(0) * (ITERS * BLOCK_M)
+    for i in tl.range(ITERS, loop_unroll_factor=1):
+        rows = first + i * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < n_rows
+        mask = row_ok[:, None] & col_ok[None, :]
+        offs = rows.to(tl.int64)[:, None] * row_stride + cols[None, :]
+        mean = tl.load(stats_ptr + rows, mask=row_ok, other=0.0)[:, None]
+        rstd = tl.load(stats_ptr + n_rows + rows, mask=row_ok, other=0.0)[:, None]
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(dxn_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+        dxhat = g * w
+        c1 = (tl.sum(dxhat * xhat, axis=1) / d)[:, None]
+        c2 = (tl.sum(dxhat, axis=1) / d)[:, None]
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + offs, (rstd * (dxhat - xhat * c1 - c2) + dy).to(dx_ptr.dtype.element_ty), mask=mask)
+        dw += tl.sum(g * xhat, axis=0)
+        db += tl.sum(g, axis=0)
+        d_down_b += tl.sum(dy, axis=0)
+    programs = tl.num_programs(0)
+    tl.store(partial_ptr + tl.program_id(0) * d + cols, dw, mask=col_ok)
+    tl.store(partial_ptr + (programs + tl.program_id(0)) * d + cols, db, mask=col_ok)
+    tl.store(partial_ptr + (2 * programs + tl.program_id(0)) * d + cols, d_down_b, mask=col_ok)
+
+
 # ----------------------------------------------------------------------------------------------- launch configs
 
 @dataclasses.dataclass(frozen=True)
@@ -226,14 +296,22 @@ class GemmConfig:
                                    block_k=fit(self.block_k, k))
 
 
-# Chosen per shape class from the sweep on the H200 (benchmarks/bench_geglu.py --sweep, 2026-11-29; the
-# fastest forward of the candidates in results/h200/geglu/bench_geglu_sweep.json); no autotuning at
+# Chosen per shape class from the sweeps on the H200 (benchmarks/bench_geglu.py --sweep; the fastest forward of
+# the candidates in results/h200/geglu/bench_geglu_sweep.json, 2026-11-29, and for "small" gate/up
+# results/h200/geglu/2026-11-30/bench_geglu_sweep.json, timed with the folded LayerNorm); no autotuning at
 # call time, so every call (and CUDA-graph capture) launches an already-chosen kernel. Decode splits the down
 # projection's K so that its few output tiles still spread over the GPU.
 GATE_UP_CONFIGS = {
     "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4),
-    "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3),
+    "small": GemmConfig(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3),
     "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
+}
+# Training's gate/up kernel (prologue normalization, pre-activations stored) needs more registers: at the seed
+# shape the inference tile with 4 warps spills 264 bytes on sm90, with 8 warps none (compile_report_geglu.py;
+# not yet timed). At "large", 128 × 128 spills 240 bytes either way; 128 × 64 does not (to be swept).
+TRAINING_GATE_UP_CONFIGS = {
+    **GATE_UP_CONFIGS,
+    "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3),
 }
 DOWN_CONFIGS = {
     "decode": GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=8),
@@ -249,13 +327,14 @@ def shape_class(m: int, d: int, ff: int) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def choose_configs(m: int, d: int, ff: int) -> tuple[GemmConfig, GemmConfig]:
+def choose_configs(m: int, d: int, ff: int, training: bool = False) -> tuple[GemmConfig, GemmConfig]:
     """(gate_up, down) configs for this shape: its class's, with blocks no larger than the problem and K split
-    no finer than 4 blocks per split."""
+    no finer than 4 blocks per split. `training`: the forward saves for the backward."""
     cls = shape_class(m, d, ff)
     down = DOWN_CONFIGS[cls].fitted(m, d, ff)
     split = max(1, min(down.split_k, _cdiv(ff, down.block_k) // 4))
-    return GATE_UP_CONFIGS[cls].fitted(m, ff, d), dataclasses.replace(down, split_k=split)
+    gate_up = (TRAINING_GATE_UP_CONFIGS if training else GATE_UP_CONFIGS)[cls]
+    return gate_up.fitted(m, ff, d), dataclasses.replace(down, split_k=split)
 
 
 TMA_ALIGN = 8  # elements: the GEMM operands' rows must start on 16-byte boundaries for TMA
@@ -308,11 +387,98 @@ def compute_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return copy
 
 
+# Inference calls fold the LayerNorm scale into cached gate/up weights (`_folded_gate_up`), so that the gate/up
+# kernel is a plain GEMM (both operands from shared memory). It costs a second copy of those weights per dtype;
+# SK_GEGLU_FOLD_LN=0 turns it off (then inference runs as training's forward does).
+FOLD_LN = os.environ.get("SK_GEGLU_FOLD_LN", "1") == "1"
+_folds: dict = {}
+_read_by_graphs: dict = {}
+
+
+def _folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, dtype):
+    """(W'_gate, W'_up, fold) with W' = (γ⊙W) in `dtype` and fold fp32 [[Σ_k W'_gate, Σ_k W'_up],
+    [W_gate·β + b_gate, W_up·β + b_up]], so that for a row x with mean μ and 1/std r
+
+        gate = r·(x @ W'_gateᵀ − μ·Σ_k W'_gate) + (W_gate·β + b_gate)      (up alike)
+
+    is LayerNorm followed by the projection. The row sums are of the rounded W', so the mean cancels exactly
+    in real arithmetic. What remains is the fp32 accumulation error of x @ W'ᵀ, which is relative to μ rather
+    than to the centered values: about d_model·2⁻²⁴·|μ|/σ of the output (5e-5·|μ|/σ at d_model = 768),
+    below a bf16 rounding (3.9e-3) unless rows are nearly constant (|μ|/σ ≳ 30). Training keeps the prologue
+    that normalizes x tiles in fp32, which has no such term.
+
+    Cached like `compute_weight`, on the identity, storage and version counter of all six sources. None where
+    the fold cannot be cached (traced or inference tensors) or is not already cached during a CUDA-graph
+    capture (the graph would recompute it on every replay): the kernel then normalizes in its prologue. A
+    fold read by a capture is kept alive as long as its weights, so that a graph captured before they changed
+    never reads freed memory (it keeps computing with the values it captured, as `sk.cuda_graphs` documents).
+    Making a fold takes two fp32 temporaries the size of gate + up (about 0.5 GB at d_model 2048, d_ff 16384).
+    """
+    sources = (ln_w, ln_b, wg, bg, wu, bu)
+    present = [t for t in sources if t is not None]
+    if any(type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_inference() for t in present):
+        return None
+    key = (tuple(id(t) for t in sources), dtype)
+    state = [(t._version, t.data_ptr()) for t in present]
+    capturing = wg.is_cuda and torch.cuda.is_current_stream_capturing()
+    entry = _folds.get(key)
+    if entry is not None and entry[1] == state and all(ref() is t for ref, t in zip(entry[0], present)):
+        value = entry[2]
+    elif capturing:
+        return None
+    else:
+        if entry is None:
+            for t in present:
+                weakref.finalize(t, _forget_fold, key)
+        value = _fold(ln_w, ln_b, wg, bg, wu, bu, dtype)
+        _folds[key] = ([weakref.ref(t) for t in present], state, value)
+    if capturing and all(v is not value for v in _read_by_graphs.setdefault(key, [])):
+        _read_by_graphs[key].append(value)
+    return value
+
+
+def _forget_fold(key):
+    _folds.pop(key, None)
+    _read_by_graphs.pop(key, None)
+
+
+def _fold(ln_w, ln_b, wg, bg, wu, bu, dtype):
+    ff = wg.shape[0]
+    with torch.no_grad(), torch.autocast(wg.device.type, enabled=False):  # fp32 throughout, also under autocast
+        w = torch.cat([wg, wu]).float()
+        folded = (w * ln_w.float()).to(dtype)
+        fold = torch.zeros((2, 2 * ff), dtype=torch.float32, device=w.device)
+        torch.sum(folded, 1, dtype=torch.float32, out=fold[0])
+        if ln_b is not None:
+            torch.mv(w, ln_b.float(), out=fold[1])
+        for b, cols in ((bg, fold[1, :ff]), (bu, fold[1, ff:])):
+            if b is not None:
+                cols += b.float()
+    return folded[:ff], folded[ff:], fold
+
+
 # ----------------------------------------------------------------------------------------------- launchers
 
+CHECK_DESCRIPTORS = coverage.TRITON_INTERPRET  # see _descriptor
+
+
+def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    """`TensorDescriptor.from_tensor(t, block)` without its checks (a few µs each, seven descriptors a call),
+    which hold by construction here: a 16-byte-aligned base (`_tma_ready`, fresh allocations), rows of a
+    multiple of 8 elements (`_shape_miss`), contiguous rows, at least one row, power-of-two blocks. Under the
+    interpreter (the CPU tests) the checks run."""
+    if CHECK_DESCRIPTORS:
+        return TensorDescriptor.from_tensor(t, block)
+    desc = object.__new__(TensorDescriptor)
+    desc.base, desc.shape, desc.strides, desc.block_shape, desc.padding = t, t.shape, t.stride(), block, "zero"
+    return desc
+
+
 def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, save_for_backward,
-                     configs: tuple[GemmConfig, GemmConfig] | None = None):
-    """Run the three forward kernels. Returns (y, stats, xn, gu); xn and gu are empty unless saving."""
+                     configs: tuple[GemmConfig, GemmConfig] | None = None, fold: torch.Tensor | None = None):
+    """Run the three forward kernels. Returns (y, stats, xn, gu); xn and gu are empty unless saving.
+    With `fold` (from `_folded_gate_up`; inference only, not with save_for_backward), wg and wu are the folded
+    weights that come with it."""
     m, d = x2.shape
     ff = wg.shape[0]
     dtype, dev = x2.dtype, x2.device
@@ -322,7 +488,7 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     gu = torch.empty((m, 2 * ff) if save_for_backward else 0, dtype=dtype, device=dev)
     if m == 0:
         return y, stats, xn, gu
-    gate_up, down = configs or choose_configs(m, d, ff)
+    gate_up, down = configs or choose_configs(m, d, ff, save_for_backward)
     d_align, ff_align = _align(d), _align(ff)
     approx_tanh = approximate == "tanh"
 
@@ -331,16 +497,18 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     _ln_stats_kernel[(_cdiv(m, rows_per_program),)](
         x2, stats, ln_w, ln_b, xn, m, d, eps,
         D_ALIGN=d_align, HAS_LN_BIAS=ln_b is not None, STORE_XN=save_for_backward,
-        BLOCK_M=rows_per_program, BLOCK_D=block_d, num_warps=min(16, max(1, rows_per_program * block_d // 512)),
+        BLOCK_M=rows_per_program, BLOCK_D=block_d,
+        num_warps=min(16, max(1, rows_per_program * block_d // 512)),
     )
 
     h = torch.empty((m, ff), dtype=dtype, device=dev)
     c = gate_up
-    tma = TensorDescriptor.from_tensor  # zero-filled past the edges; blocks as the kernel's tiles
+    tma = _descriptor  # zero-filled past the edges; blocks as the kernel's tiles
     _gate_up_kernel[(_cdiv(m, c.block_m) * _cdiv(ff, c.block_n),)](
         tma(x2, [c.block_m, c.block_k]), stats, ln_w, ln_b,
-        tma(wg, [c.block_n, c.block_k]), tma(wu, [c.block_n, c.block_k]), bg, bu, h, gu, m, d, ff,
-        FF_ALIGN=ff_align, K_BLOCKS=_cdiv(d, c.block_k),
+        tma(wg, [c.block_n, c.block_k]), tma(wu, [c.block_n, c.block_k]), bg, bu,
+        fold if fold is not None else stats, h, gu, m, d, ff,  # stats: unread without FOLD_LN
+        FF_ALIGN=ff_align, K_BLOCKS=_cdiv(d, c.block_k), FOLD_LN=fold is not None,
         HAS_LN_BIAS=ln_b is not None, HAS_GATE_BIAS=bg is not None, HAS_UP_BIAS=bu is not None,
         STORE_PREACT=save_for_backward, APPROX_TANH=approx_tanh,
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
@@ -365,12 +533,12 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     return y, stats, xn, gu
 
 
-@torch.library.custom_op("sk::fused_pre_norm_geglu_backward_act", mutates_args=())
-def _geglu_backward_op(dh: torch.Tensor, gu: torch.Tensor, d_model: int, approximate: str
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def _geglu_backward_act(dh: torch.Tensor, gu: torch.Tensor, d_model: int, approximate: str
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """(d[g | u], h) from the upstream gradient dh and the saved pre-activations [g | u].
 
-    A custom op of its own so that the backward traces (torch.compile) and decides kernel vs PyTorch per call.
+    Decides kernel vs PyTorch for the whole backward (recorded once per backward, here), as the LayerNorm
+    backward below follows the same inputs.
     """
     m, ff = dh.shape
     if not coverage.decide(OP, (dh, gu), shape_miss=_shape_miss(d_model, ff), backward=True):
@@ -391,9 +559,59 @@ def _geglu_backward_op(dh: torch.Tensor, gu: torch.Tensor, d_model: int, approxi
     return dgu, h
 
 
-@_geglu_backward_op.register_fake
+LN_BACKWARD_PROGRAMS = 256  # about two per SM: fewer partial rows to sum, enough programs to fill the GPU
+
+
+def _ln_backward(dxn: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, stats: torch.Tensor,
+                 ln_weight: torch.Tensor, ff: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, [d ln_weight; d ln_bias; d down_bias]) from the normalized activation's gradient dxn and the
+    output's dy: LayerNorm's backward plus the residual's dy, and the column sums that are the LayerNorm
+    weight and bias grads and the down projection's bias grad, in the statistics' dtype (fp32; fp64 for
+    fp64 inputs)."""
+    m, d = x.shape
+    if coverage.miss_reason(OP, x, shape_miss=_shape_miss(d, ff), backward=True) is not None:
+        acc = stats.dtype  # the miss was recorded (or raised) by _geglu_backward_act for this backward
+        dxn_acc = dxn.to(acc)
+        dx_ln, d_ln_w, _ = torch.ops.aten.native_layer_norm_backward(
+            dxn_acc, x.to(acc), [d], stats[0].view(m, 1), stats[1].view(m, 1), ln_weight.to(acc), None,
+            [True, True, False])
+        return (dx_ln + dy).to(x.dtype), torch.stack([d_ln_w, dxn_acc.sum(0), dy.sum(0, dtype=acc)])
+    dx = torch.empty_like(x)
+    if m == 0:
+        return dx, torch.zeros((3, d), dtype=torch.float32, device=x.device)
+    programs, meta = ln_backward_launch(m, d)
+    partial = torch.empty((3, programs, d), dtype=torch.float32, device=x.device)
+    _ln_backward_kernel[(programs,)](dxn, x, dy, stats, ln_weight, dx, partial, m, d, **meta)
+    return dx, partial.sum(1)
+
+
+def ln_backward_launch(m: int, d: int) -> tuple[int, dict]:
+    """Programs and compile-time parameters of `_ln_backward_kernel` for m rows of d_model d."""
+    block_d = _next_power_of_2(d)
+    rows_per_block = max(1, min(16, 2048 // block_d))
+    iters = _next_power_of_2(_cdiv(_cdiv(m, rows_per_block), LN_BACKWARD_PROGRAMS))
+    # 8 elements a thread per row tile: six such tiles live at once, without spills on sm90 up to d_model 2048
+    # (16 and 32 bytes at 4096 and 8192, where registers per thread run out; benchmarks/compile_report_geglu.py).
+    return _cdiv(m, rows_per_block * iters), dict(
+        D_ALIGN=_align(d), ITERS=iters, BLOCK_M=rows_per_block, BLOCK_D=block_d,
+        num_warps=min(32, max(1, rows_per_block * block_d // 256)))
+
+
+# Custom ops of their own so that the backward traces (torch.compile) and decides per call; eager backwards
+# call the functions directly (see `_eager`).
+_geglu_backward_act_op = torch.library.custom_op(
+    "sk::fused_pre_norm_geglu_backward_act", mutates_args=())(_geglu_backward_act)
+_ln_backward_op = torch.library.custom_op("sk::fused_pre_norm_geglu_backward_ln", mutates_args=())(_ln_backward)
+
+
+@_geglu_backward_act_op.register_fake
 def _(dh, gu, d_model, approximate):
     return torch.empty_like(gu), torch.empty_like(dh)
+
+
+@_ln_backward_op.register_fake
+def _(dxn, x, dy, stats, ln_weight, ff):
+    return torch.empty_like(x), stats.new_empty((3, x.shape[1]))
 
 
 # ----------------------------------------------------------------------------------------------- reference
@@ -437,16 +655,16 @@ def fused_pre_norm_geglu_reference(x, ln_weight, ln_bias, gate_weight, gate_bias
 
 # ----------------------------------------------------------------------------------------------- custom op
 
+@functools.lru_cache(maxsize=64)
 def _shape_miss(d: int, ff: int) -> str | None:
     limits = coverage.table()[OP].limits
-    if d % TMA_ALIGN or ff % TMA_ALIGN:  # TMA needs 16-byte row strides
-        return f"d_model {d} and d_ff {ff} must be multiples of {TMA_ALIGN}"
+    if d % TMA_ALIGN or ff % TMA_ALIGN or not d or not ff:  # TMA needs 16-byte row strides, and rows
+        return f"d_model {d} and d_ff {ff} must be positive multiples of {TMA_ALIGN}"
     return (coverage.limit_miss("d_model", d, limits.get("max_d_model"))
             or coverage.limit_miss("d_ff", ff, limits.get("max_d_ff")))
 
 
-@torch.library.custom_op("sk::fused_pre_norm_geglu", mutates_args=())
-def _fused_pre_norm_geglu_op(
+def _forward(
     x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: Optional[torch.Tensor],
     gate_weight: torch.Tensor, gate_bias: Optional[torch.Tensor],
     up_weight: torch.Tensor, up_bias: Optional[torch.Tensor],
@@ -462,10 +680,19 @@ def _fused_pre_norm_geglu_op(
         y, stats, xn, gu = _reference_parts(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias,
                                             down_weight, down_bias, eps, approximate)
         return (y, stats) + ((xn, gu) if save_for_backward else (x.new_empty(0), x.new_empty(0)))
+    folded = None if save_for_backward or not FOLD_LN else _folded_gate_up(
+        ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, x.dtype)
+    if folded is None:
+        wg, wu, fold = compute_weight(gate_weight, x.dtype), compute_weight(up_weight, x.dtype), None
+    else:
+        wg, wu, fold = folded
     return _forward_kernels(
-        _tma_ready(x), ln_weight, ln_bias, _tma_ready(compute_weight(gate_weight, x.dtype)), gate_bias,
-        _tma_ready(compute_weight(up_weight, x.dtype)), up_bias, _tma_ready(compute_weight(down_weight, x.dtype)),
-        down_bias, eps, approximate, save_for_backward)
+        _tma_ready(x), ln_weight, ln_bias, _tma_ready(wg), gate_bias, _tma_ready(wu), up_bias,
+        _tma_ready(compute_weight(down_weight, x.dtype)), down_bias, eps, approximate, save_for_backward,
+        fold=fold)
+
+
+_fused_pre_norm_geglu_op = torch.library.custom_op("sk::fused_pre_norm_geglu", mutates_args=())(_forward)
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -490,6 +717,10 @@ def _setup_context(ctx, inputs, output):
     ctx.approximate = approximate
     ctx.save_for_backward(x, ln_w, wg, wu, wd, stats, xn, gu)
     ctx.bias_dtypes = [b.dtype if b is not None else None for b in (ln_b, bg, bu, bd)]  # their grads are sums
+
+
+def _setup_op_context(ctx, inputs, output):
+    _setup_context(ctx, inputs, output)
     ctx.mark_non_differentiable(*output[1:])
 
 
@@ -498,48 +729,88 @@ def _backward(ctx, dy, *_):
     if xn.numel() != x.numel():
         raise RuntimeError(f"sk.ops.{OP}: backward through a call made without autograd state; call it with "
                            f"grad mode on and an input that requires grad")
-    m, d = x.shape
     ff = wg.shape[0]
     dtype = x.dtype
-    dy = dy.to(dtype).contiguous()
+    if dy.dtype != dtype or not dy.is_contiguous():
+        dy = dy.to(dtype, memory_format=torch.contiguous_format)
     cwg, cwu, cwd = (compute_weight(w, dtype) for w in (wg, wu, wd))
     need = ctx.needs_input_grad
+    eager = _eager(dy)
 
-    dgu, h = _geglu_backward_op(dy @ cwd, gu, d, ctx.approximate)
+    dh = dy @ cwd
+    dgu, h = (_geglu_backward_act if eager else _geglu_backward_act_op)(dh, gu, x.shape[1], ctx.approximate)
     dg, du = dgu[:, :ff], dgu[:, ff:]
     dxn = dg @ cwg
     dxn.addmm_(du, cwu)
-    acc = stats.dtype  # fp32 (fp64 for fp64 inputs): LayerNorm's backward and every reduction run in it
-    dxn_acc = dxn.to(acc)
-    dx_ln, d_ln_w, _ = torch.ops.aten.native_layer_norm_backward(
-        dxn_acc, x.to(acc), [d], stats[0].view(m, 1), stats[1].view(m, 1), ln_w.to(acc), None,
-        [need[0], need[1], False])
-    d_gu_w = dgu.t() @ xn if need[3] or need[5] else None  # gate and up weight grads in one GEMM
+    dx, d_ln = (_ln_backward if eager else _ln_backward_op)(dxn, x, dy, stats, ln_w, ff)
+    acc = stats.dtype  # fp32 (fp64 for fp64 inputs): every reduction runs in it
+    if need[3] or need[5]:  # gate and up weight grads in one GEMM (views of it are the grads)
+        d_gu_w = (dgu.t() @ xn).to(torch.promote_types(wg.dtype, wu.dtype))
     d_gu_b = dgu.sum(0, dtype=acc) if need[4] or need[6] else None
 
     ln_b_dtype, bg_dtype, bu_dtype, bd_dtype = ctx.bias_dtypes
     # Each grad in its input's dtype (FP32 for FP32 masters), computed only where autograd asks for it.
     return (
-        (dx_ln + dy).to(dtype) if need[0] else None,
-        d_ln_w.to(ln_w.dtype) if need[1] else None,
-        dxn_acc.sum(0).to(ln_b_dtype) if need[2] else None,
+        dx if need[0] else None,
+        d_ln[0].to(ln_w.dtype) if need[1] else None,
+        d_ln[1].to(ln_b_dtype) if need[2] else None,
         d_gu_w[:ff].to(wg.dtype) if need[3] else None,
         d_gu_b[:ff].to(bg_dtype) if need[4] else None,
         d_gu_w[ff:].to(wu.dtype) if need[5] else None,
         d_gu_b[ff:].to(bu_dtype) if need[6] else None,
         (dy.t() @ h).to(wd.dtype) if need[7] else None,
-        dy.sum(0, dtype=acc).to(bd_dtype) if need[8] else None,
+        d_ln[2].to(bd_dtype) if need[8] else None,
         None, None, None,
     )
 
 
-_fused_pre_norm_geglu_op.register_autograd(_backward, setup_context=_setup_context)
+_fused_pre_norm_geglu_op.register_autograd(_backward, setup_context=_setup_op_context)
+
+
+class _EagerFunction(torch.autograd.Function):
+    """The same forward and backward as the custom op, for eager calls: the custom op's dispatch (schema
+    checks, its own autograd wrapper, four outputs through the dispatcher) cost more host time than the
+    kernels take on the GPU at the seed shape. torch.compile, fake tensors and functorch take the custom op."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output[0]
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _backward(ctx, dy)
+
+
+def _eager(x: torch.Tensor) -> bool:
+    """True when `x` is a real tensor run eagerly: no tracing, no fake or wrapped tensors, no dispatch mode."""
+    return (type(x) is torch.Tensor and not torch.compiler.is_compiling()
+            and _get_current_dispatch_mode() is None and not torch._C._are_functorch_transforms_active())
 
 
 # ----------------------------------------------------------------------------------------------- functional API
 
-def _check(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, eps,
-           approximate):
+def _args_fit(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, eps,
+              approximate) -> bool:
+    """The common case, checked in a few comparisons per call; `_explain_args` says what is wrong otherwise."""
+    if not (isinstance(x, torch.Tensor) and x.dim() and isinstance(gate_weight, torch.Tensor)
+            and gate_weight.dim() == 2 and eps >= 0 and approximate in ("none", "tanh")):
+        return False
+    d, ff = x.shape[-1], gate_weight.shape[0]
+    device = x.device
+    for t, shape in ((x, None), (ln_weight, (d,)), (ln_bias, (d,)), (gate_weight, (ff, d)), (gate_bias, (ff,)),
+                     (up_weight, (ff, d)), (up_bias, (ff,)), (down_weight, (d, ff)), (down_bias, (d,))):
+        if t is None:  # a bias (or a missing weight, caught below)
+            continue
+        if (not isinstance(t, torch.Tensor) or t.dtype not in FLOAT_DTYPES or t.device != device
+                or shape is not None and t.shape != shape):
+            return False
+    return ln_weight is not None and up_weight is not None and down_weight is not None
+
+
+def _explain_args(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, eps,
+                  approximate):
     named = {"x": x, "ln_weight": ln_weight, "ln_bias": ln_bias, "gate_weight": gate_weight,
              "gate_bias": gate_bias, "up_weight": up_weight, "up_bias": up_bias, "down_weight": down_weight,
              "down_bias": down_bias}
@@ -582,13 +853,19 @@ def fused_pre_norm_geglu(
     projections on copies of the weights in the input's dtype, fp32 accumulation. Under autocast an fp32 input
     is converted to the autocast dtype for this op; outside it, an fp32 input takes the recorded fallback.
     """
-    _check(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, eps,
-           approximate)
+    args = (ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, eps, approximate)
+    if not _args_fit(x, *args):
+        _explain_args(x, *args)
     device_type = x.device.type
     if x.dtype == torch.float32 and torch.is_autocast_enabled(device_type):
         x = x.to(torch.get_autocast_dtype(device_type))
     weights = (ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *weights))
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    y = _fused_pre_norm_geglu_op(x2, *weights, float(eps), approximate, save)[0]
+    if not _eager(x2):
+        y = _fused_pre_norm_geglu_op(x2, *weights, float(eps), approximate, save)[0]
+    elif save:
+        y = _EagerFunction.apply(x2, *weights, float(eps), approximate, True)
+    else:
+        y = _forward(x2, *weights, float(eps), approximate, False)[0]
     return y.view(x.shape)
