@@ -2,11 +2,13 @@
 torch.compile(mode="max-autotune-no-cudagraphs") in a CUDA graph; plus a training step (forward + backward)
 at the seed shape against eager. bf16; µs per call, medians.
 
-    python benchmarks/bench_geglu.py OUT_DIR [--no-compile] [--sweep]
+    python benchmarks/bench_geglu.py OUT_DIR [--no-compile] [--sweep] [--profile]
 
 Writes OUT_DIR/bench_geglu.json and OUT_DIR/bench_geglu.md (GPU, versions, date). `--sweep` also times
 candidate tile configs of our two GEMM kernels per shape (bench_geglu_sweep.json): how the configs in
-`sk/ops/fused_pre_norm_geglu.py` were chosen.
+`sk/ops/fused_pre_norm_geglu.py` were chosen. `--profile` adds profile_geglu.md/.json: per call, each GPU
+kernel's time (ours and eager, per shape) and, for the training step, the host-side ops by self time (the step
+is host-bound at the seed shape).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import time
 import torch
 
 import sk
-from sk.bench.timing import environment, graph_time_us, side_by_side_us
+from sk.bench.timing import environment, graph_time_us, profile_per_step, side_by_side_us
 
 geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
 
@@ -145,11 +147,7 @@ def bench_training(m, d, ff):
     grad = torch.randn_like(x)
 
     def step(model):
-        def run():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                y = model(x)
-            y.backward(grad)
-        return run
+        return training_step(model, x, grad)
 
     def step_after_update(model):
         # An optimizer step changes every master: the op re-makes its BF16 copies on the next call.
@@ -245,6 +243,52 @@ def compiled_kernels_report():
     return lines
 
 
+def training_step(model, x, grad):
+    """One forward + backward as the training benchmark and the peers file run it."""
+    def run():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = model(x)
+        y.backward(grad)
+    return run
+
+
+def profile_cases(names):
+    """{case: profile_per_step(...)}: inference per shape (ours and the bf16 eager block, no grad, launched from
+    Python) and the seed-shape training step (ours and eager)."""
+    cases = {}
+    for name in names:
+        block, x = make_problem(*SHAPES[name])
+        block_bf16 = EagerBlock(*SHAPES[name][1:]).cuda().to(torch.bfloat16)
+        block_bf16.load_state_dict(block.state_dict())
+        args = op_args(block_bf16)
+        with torch.no_grad():
+            cases[f"{name}: ours"] = profile_per_step(lambda: sk.ops.fused_pre_norm_geglu(x, *args))
+            cases[f"{name}: eager"] = profile_per_step(lambda: block_bf16(x))
+    block, x = make_problem(*SHAPES["seed"])
+    x.requires_grad_()
+    grad = torch.randn_like(x)
+    cases["training step, seed: ours"] = profile_per_step(
+        training_step(sk.nn.PreNormGEGLUFFN.from_module(block), x, grad))
+    cases["training step, seed: eager"] = profile_per_step(training_step(block, x, grad))
+    return cases
+
+
+def profile_markdown(meta, cases):
+    lines = [f"# Pre-norm GEGLU block: where the time goes, bf16, {meta['gpu']}", "",
+             f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}. torch.profiler over 20 calls launched "
+             "from Python, per call. Kernels by GPU time; host ops by self CPU time.", ""]
+    for case, p in cases.items():
+        lines += [f"## {case}: kernels {p['kernel_us']:.1f} µs, host ops {p['host_us']:.1f} µs", "",
+                  "| kernel | µs | launches | | host op | self µs | calls |", "|---|---|---|---|---|---|---|"]
+        for i in range(max(len(p["kernels"]), len(p["host_ops"]))):
+            k = p["kernels"][i] if i < len(p["kernels"]) else None
+            h = p["host_ops"][i] if i < len(p["host_ops"]) else None
+            lines.append((f"| `{k['name'][:60]}` | {k['us']:.1f} | {k['launches']:.0f} |" if k else "| | | |")
+                         + (f" | `{h['name'][:50]}` | {h['self_us']:.1f} | {h['calls']:.0f} |" if h else " | | | |"))
+        lines.append("")
+    return "\n".join(lines)
+
+
 def to_markdown(meta, rows, train):
     lines = [f"# Pre-norm GEGLU block, bf16, {meta['gpu']}", "",
              f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}. µs per call, median; `graph` = "
@@ -279,6 +323,7 @@ def main(argv=None):
     parser.add_argument("--use-sweep-best", action="store_true",
                         help="benchmark with this run's fastest swept configs (to copy into the op's tables)")
     parser.add_argument("--shapes", default="seed,decode,prefill")
+    parser.add_argument("--profile", action="store_true", help="also profile kernels and host ops per call")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench_geglu: needs a CUDA GPU")
@@ -307,6 +352,13 @@ def main(argv=None):
             json.dump({"meta": meta, "inference": rows, "training": train}, f, indent=1)
         with open(os.path.join(args.out_dir, "bench_geglu.md"), "w") as f:
             f.write(to_markdown(meta, rows, train))
+
+    if args.profile:
+        cases = profile_cases(names)
+        with open(os.path.join(args.out_dir, "profile_geglu.json"), "w") as f:
+            json.dump({"meta": meta, "cases": cases}, f, indent=1)
+        with open(os.path.join(args.out_dir, "profile_geglu.md"), "w") as f:
+            f.write(profile_markdown(meta, cases))
 
     rows, train = [], None
     train = bench_training(*SHAPES["seed"])

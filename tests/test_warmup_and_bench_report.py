@@ -41,3 +41,17 @@ def test_bench_report_renders_markdown_and_plot(tmp_path):
     peers.plot(result, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
     json.dumps(result)
+
+
+def test_profile_per_step_counts_host_ops_per_call():
+    """The benchmark's profile (bench_geglu.py --profile) reports per call, not per profiled run: two matmuls
+    a call show as two aten::mm calls whatever the number of steps."""
+    from sk.bench.timing import profile_per_step
+
+    a = torch.randn(32, 48)
+    profile = profile_per_step(lambda: (a @ a.T) @ a, steps=7)
+    mm = next(op for op in profile["host_ops"] if op["name"] == "aten::mm")
+    assert mm["calls"] == 2 and mm["self_us"] > 0
+    assert profile["host_us"] >= sum(op["self_us"] for op in profile["host_ops"]) * 0.999
+    if not torch.cuda.is_available():
+        assert profile["kernels"] == []  # CPU ops launch no GPU kernels

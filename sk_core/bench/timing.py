@@ -98,3 +98,35 @@ def copy_bandwidth_tbps(nbytes: int = 4 << 30) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e-3)
     return 2 * src.numel() * 4 / statistics.median(times) / 1e12
+
+
+def profile_per_step(fn: Callable[[], object], *, steps: int = 20, top: int = 12) -> dict:
+    """Where one call of `fn` spends its time, from torch.profiler over `steps` calls launched from Python:
+    the GPU kernels (µs and launches per call, by total time) and the host-side ops (self CPU µs and calls per
+    call, by self time). For a host-bound call (a training step at a small shape) the second list says what
+    to remove; for a GPU-bound one the first says which kernel to work on."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0]
+    host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and e.self_cpu_time_total > 0]
+    gpu.sort(key=lambda e: -e.device_time_total)
+    host.sort(key=lambda e: -e.self_cpu_time_total)
+    return {
+        "kernels": [{"name": e.key, "us": e.device_time_total / steps, "launches": e.count / steps}
+                    for e in gpu[:top]],
+        "kernel_us": sum(e.device_time_total for e in gpu) / steps,
+        "host_ops": [{"name": e.key, "self_us": e.self_cpu_time_total / steps, "calls": e.count / steps}
+                     for e in host[:top]],
+        "host_us": sum(e.self_cpu_time_total for e in host) / steps,
+    }
