@@ -59,14 +59,18 @@ def compile_kernel(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool
                           options={"num_warps": c.num_warps, "num_stages": c.num_stages})
 
 
-def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool = False) -> str:
-    kernel = compile_kernel(kind, c, d, ff, fold)
+def resource_usage(kernel) -> str:
+    """Registers and spill stack of a compiled kernel, as cuobjdump reads them from its cubin."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
         usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    resources = " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage))
-    return f"shared={kernel.metadata.shared} {resources} wgmma={'wgmma' in kernel.asm['ptx']}"
+    return " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage))
+
+
+def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool = False) -> str:
+    kernel = compile_kernel(kind, c, d, ff, fold)
+    return f"shared={kernel.metadata.shared} {resource_usage(kernel)} wgmma={'wgmma' in kernel.asm['ptx']}"
 
 
 def ln_backward_report(m: int, d: int) -> str:
@@ -77,12 +81,7 @@ def ln_backward_report(m: int, d: int) -> str:
     num_warps = meta.pop("num_warps")
     kernel = triton.compile(ASTSource(fn=geglu._ln_backward_kernel, signature=signature, constexprs=meta),
                             target=SM90, options={"num_warps": num_warps})
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    resources = " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage))
-    return f"warps={num_warps} shared={kernel.metadata.shared} {resources}"
+    return f"warps={num_warps} shared={kernel.metadata.shared} {resource_usage(kernel)}"
 
 
 def main(argv=None):
