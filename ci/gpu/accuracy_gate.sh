@@ -39,7 +39,10 @@ case "${1:-}" in
   run)
     out=${2:?usage: accuracy_gate.sh run OUTDIR [ENGINE [STYLE]]}
     mkdir -p "$out"
-    python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
+    # Installed from this checkout already (ci/gpu/engines.sh install) or not: two gate rows started side by side
+    # must not both run pip on the same checkout (the second failed, 2026-11-30).
+    python3 -c 'import pathlib, sk; assert pathlib.Path(sk.__file__).resolve().is_relative_to(pathlib.Path.cwd())' \
+      2>/dev/null || python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
       || { echo "installing the checkout failed"; exit 1; }
     export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer's sampler is not staged (shared/gpu/README.md)
     # SGLang's kernel build on the host is not the one it pins (ci/gpu/engines.sh); the gate gives SGLang
