@@ -81,6 +81,14 @@ def make_problem(m, d, ff, seed=0):
     return block, x
 
 
+def inference_problem(m, d, ff):
+    """(the bf16 eager block, x, the op's arguments from that block's weights) for an inference comparison."""
+    block, x = make_problem(m, d, ff)
+    block_bf16 = EagerBlock(d, ff).cuda().to(torch.bfloat16)
+    block_bf16.load_state_dict(block.state_dict())
+    return block_bf16, x, op_args(block_bf16)
+
+
 def op_args(block):
     return (block.my_norm.weight, block.my_norm.bias, block.my_gate.weight, block.my_gate.bias,
             block.my_up.weight, block.my_up.bias, block.my_down.weight, block.my_down.bias, block.eps)
@@ -103,10 +111,7 @@ def without_fold(fn):
 
 
 def bench_inference(name, m, d, ff, with_compile):
-    block, x = make_problem(m, d, ff)
-    block_bf16 = EagerBlock(d, ff).cuda().to(torch.bfloat16)
-    block_bf16.load_state_dict(block.state_dict())
-    args = op_args(block_bf16)
+    block_bf16, x, args = inference_problem(m, d, ff)
     row = {"shape": name, "M": m, "D": d, "FF": ff, "gflop": 2 * m * d * ff * 3 / 1e9}
     with torch.no_grad():
         ours = lambda: sk.ops.fused_pre_norm_geglu(x, *args)  # noqa: E731
@@ -146,9 +151,6 @@ def bench_training(m, d, ff):
     x = x.requires_grad_()
     grad = torch.randn_like(x)
 
-    def step(model):
-        return training_step(model, x, grad)
-
     def step_after_update(model):
         # An optimizer step changes every master: the op re-makes its BF16 copies on the next call.
         params = list(model.parameters())
@@ -156,12 +158,12 @@ def bench_training(m, d, ff):
         def run():
             with torch.no_grad():
                 torch._foreach_mul_(params, 1.0)
-            step(model)()
+            training_step(model, x, grad)()
         return run
 
     row = {"shape": "seed", "M": m, "D": d, "FF": ff}
-    row["eager_step_us"] = time_eager_us(step(block), repeats=20)
-    row["ours_step_us"] = time_eager_us(step(ours), repeats=20)
+    row["eager_step_us"] = time_eager_us(training_step(block, x, grad), repeats=20)
+    row["ours_step_us"] = time_eager_us(training_step(ours, x, grad), repeats=20)
     row["eager_step_with_update_us"] = time_eager_us(step_after_update(block), repeats=20)
     row["ours_step_with_update_us"] = time_eager_us(step_after_update(ours), repeats=20)
     row["speedup"] = row["eager_step_us"] / row["ours_step_us"]
@@ -252,31 +254,33 @@ def training_step(model, x, grad):
     return run
 
 
+PROFILE_STEPS = 20
+
+
 def profile_cases(names):
     """{case: profile_per_step(...)}: inference per shape (ours and the bf16 eager block, no grad, launched from
     Python) and the seed-shape training step (ours and eager)."""
     cases = {}
     for name in names:
-        block, x = make_problem(*SHAPES[name])
-        block_bf16 = EagerBlock(*SHAPES[name][1:]).cuda().to(torch.bfloat16)
-        block_bf16.load_state_dict(block.state_dict())
-        args = op_args(block_bf16)
+        block_bf16, x, args = inference_problem(*SHAPES[name])
         with torch.no_grad():
-            cases[f"{name}: ours"] = profile_per_step(lambda: sk.ops.fused_pre_norm_geglu(x, *args))
-            cases[f"{name}: eager"] = profile_per_step(lambda: block_bf16(x))
+            cases[f"{name}: ours"] = profile_per_step(lambda: sk.ops.fused_pre_norm_geglu(x, *args),
+                                                      steps=PROFILE_STEPS)
+            cases[f"{name}: eager"] = profile_per_step(lambda: block_bf16(x), steps=PROFILE_STEPS)
     block, x = make_problem(*SHAPES["seed"])
     x.requires_grad_()
     grad = torch.randn_like(x)
     cases["training step, seed: ours"] = profile_per_step(
-        training_step(sk.nn.PreNormGEGLUFFN.from_module(block), x, grad))
-    cases["training step, seed: eager"] = profile_per_step(training_step(block, x, grad))
+        training_step(sk.nn.PreNormGEGLUFFN.from_module(block), x, grad), steps=PROFILE_STEPS)
+    cases["training step, seed: eager"] = profile_per_step(training_step(block, x, grad), steps=PROFILE_STEPS)
     return cases
 
 
 def profile_markdown(meta, cases):
     lines = [f"# Pre-norm GEGLU block: where the time goes, bf16, {meta['gpu']}", "",
-             f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}. torch.profiler over 20 calls launched "
-             "from Python, per call. Kernels by GPU time; host ops by self CPU time.", ""]
+             f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}. torch.profiler over "
+             f"{PROFILE_STEPS} calls launched from Python, per call. Kernels by GPU time; host ops by self CPU time.",
+             ""]
     for case, p in cases.items():
         lines += [f"## {case}: kernels {p['kernel_us']:.1f} µs, host ops {p['host_us']:.1f} µs", "",
                   "| kernel | µs | launches | | host op | self µs | calls |", "|---|---|---|---|---|---|---|"]
@@ -294,8 +298,8 @@ def to_markdown(meta, rows, train):
              f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}. µs per call, median; `graph` = "
              f"{CALLS_PER_REPLAY} calls captured in one CUDA graph; `eager launch` = launched from Python.", "",
              "| M × D → FF | ours (graph) | ours, LN not folded (graph) | ours (eager launch) | eager "
-             "| eager in graph | max-autotune in graph | best PyTorch / ours | rel. err ours | rel. err ours, not folded "
-             "| rel. err eager bf16 |",
+             "| eager in graph | max-autotune in graph | best PyTorch / ours | rel. err ours "
+             "| rel. err ours, not folded | rel. err eager bf16 |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         maxat = f"{r['maxat_graph_us']:.1f}" if "maxat_graph_us" in r else "not run"

@@ -105,5 +105,6 @@ def main(argv=None):
                 print(f"[{name}] {kind}{variant} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} "
                       f"s{c.num_stages} split{c.split_k}: {compile_report(kind, c, d, ff, fold)}", flush=True)
 
+
 if __name__ == "__main__":
     main()

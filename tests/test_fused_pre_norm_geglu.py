@@ -216,11 +216,12 @@ def test_eager_calls_skip_the_custom_op_dispatch(monkeypatch):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("m", [65, 127])
+@pytest.mark.parametrize("m", [65, 200])
 def test_interpreted_inference_with_the_tables_configs_and_a_partial_row_tile(m):
-    """The op's own configs at the seed width (128-row tiles), M not a multiple of them: the last tile's rows past
-    M come zero-filled from TMA and are never stored. (The H200 failure at M = 1000 was not this: see the next
-    test; this shows the interpreter agrees at the GPU's tile shapes.)"""
+    """The op's own configs at the seed width (128-row tiles), M not a multiple of them (a partial tile alone; a
+    full one and a partial one): the last tile's rows past M come zero-filled from TMA and are never stored.
+    (The H200 failure at M = 1000 was not this: see the next test; this shows the interpreter agrees at the
+    GPU's tile shapes.)"""
     d, ff = 768, 1448
     params = make_params(d, ff, seed=m + d + ff)
     x = make_x(m, d, torch.float16, seed=m)
@@ -254,7 +255,7 @@ def test_folded_gate_up_pipelines_every_wgmma_operand_as_deep_as_the_weights():
     interpreter shows a race: this compiles the folded kernel for sm90 (Triton's own ptxas, no GPU) at the
     inference configs that use wgmma (64- and 128-row tiles) and counts the buffers. Subprocess: the interpreter,
     when on, replaces the kernels the compiler needs."""
-    shapes = [(1000, 768, 1448), (8192, 2048, 16384)]
+    shapes = [(64, 2048, 16384), (1000, 768, 1448), (8192, 2048, 16384)]  # 64-, 128-, 128-row tiles
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", _SHARED_BUFFERS, json.dumps(shapes)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=600)

@@ -10,6 +10,7 @@
 # On the host, after `bash .gpu-flat/install.sh` (with both folders' files copied into .gpu-flat too)
 # and its `export PYTHONPATH=...`:
 #   bash ci/gpu/accuracy_gate.sh run OUTDIR [ENGINE [STYLE]]   # e.g. `sglang gemma`: that row alone
+# (rows run side by side need the checkout installed first: ci/gpu/engines.sh install)
 # OUTDIR gets gate.json, each run's lm-eval results and logs, environment.txt, and gate.log (both tables).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

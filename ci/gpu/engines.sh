@@ -23,8 +23,10 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.gpu-flat/site
 # forked (a process forked after torch's OpenMP work can hang); SGLang's kernel build is not the pinned one.
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 VLLM_WORKER_MULTIPROC_METHOD=spawn
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
-# NVLink multicast is off on these hosts (NCCL_NVLS_ENABLE=0 ...); with flashinfer installed vLLM 0.25 picks its
-# multicast (mnnvl) all-reduce for tp > 1, and a tp=2 start-up hung there (2026-11-29): use the trtllm one.
+# NVLink multicast is off on these hosts (NCCL_NVLS_ENABLE=0 ...) and must not be asked for. At tp > 1 vLLM 0.25's
+# all-reduce + RMSNorm fusion set up flashinfer's multicast (mnnvl) workspace and hung (2026-11-29); vllm_check.py
+# turns that pass off. Should any other path still make a flashinfer all-reduce workspace, it is the CUDA-IPC
+# (trtllm) one, never mnnvl.
 export VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm
 step=${1:?usage: engines.sh install | STEP OUTDIR}
 
@@ -47,7 +49,8 @@ case $step in
   sglang-trained) command=(python3 ci/gpu/sglang_check.py "$work" --styles llama-trained gemma-trained --no-serve) ;;
   sglang-export)  command=(python3 ci/gpu/export_check.py "$work" --engine sglang --styles llama) ;;
   gate)   command=(bash ci/gpu/accuracy_gate.sh run "$work") ;;
-  gate-*) IFS=- read -r _ engine style <<< "$step"
+  gate-vllm|gate-sglang|gate-vllm-llama|gate-vllm-gemma|gate-sglang-llama|gate-sglang-gemma)
+          IFS=- read -r _ engine style <<< "$step"
           command=(bash ci/gpu/accuracy_gate.sh run "$work" "$engine" "$style") ;;
   eval)   command=(python3 -m sk.cli eval scenarios/h200-llama.yaml --max-requests 64 --out "$work") ;;
   *)      echo "unknown step $step" >&2; exit 2 ;;
