@@ -192,7 +192,9 @@ def check_serve(work: Path) -> dict:
         result["startup_s"] = time.perf_counter() - started
         completion = http_json(f"{url}/v1/completions",
                                {"model": served, "prompt": "Hello", "max_tokens": 8, "temperature": 0})
+        # The random model's ids past the tokenizer's vocabulary decode to nothing: the token count is the answer.
         result["completion"] = completion["choices"][0]["text"]
+        result["completion_tokens"] = completion["usage"]["completion_tokens"]
     except WorkflowError as e:  # sk-serve exited or did not answer in time
         result["error"] = str(e)
     except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
@@ -212,6 +214,7 @@ def check_serve(work: Path) -> dict:
     problems = [p for p, bad in (
         (f"exit status {result['exit_status']}", result["exit_status"] != 0),
         ("no scheduler report with kernel calls", not any(result["scheduler_kernel_calls"])),
+        ("the completion has no tokens", "completion_tokens" in result and not result["completion_tokens"]),
         (f"processes left running: {result['leftover_pids']}", bool(result["leftover_pids"])),
     ) if bad]
     if problems and "error" not in result:
@@ -292,9 +295,9 @@ def markdown(summary: dict) -> str:
     if serve:
         lines += ["", f"`sk-serve --engine sglang` (llama): "
                   + (f"FAILED: {serve['error']}" if "error" in serve else
-                     f"started in {serve['startup_s']:.0f} s, completion {serve['completion']!r}, scheduler "
-                     f"kernel calls {serve['scheduler_kernel_calls']}, exit status {serve['exit_status']} "
-                     "after SIGINT, no process left")]
+                     f"started in {serve['startup_s']:.0f} s, completion {serve['completion']!r} "
+                     f"({serve['completion_tokens']} tokens), scheduler kernel calls {serve['scheduler_kernel_calls']}, "
+                     f"exit status {serve['exit_status']} after SIGINT, no process left")]
     if errors:
         lines += ["", "Errors: " + "; ".join(errors)]
     return "\n".join(lines) + "\n"
