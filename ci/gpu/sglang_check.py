@@ -297,7 +297,8 @@ def markdown(summary: dict) -> str:
                   + (f"FAILED: {serve['error']}" if "error" in serve else
                      f"started in {serve['startup_s']:.0f} s, completion {serve['completion']!r} "
                      f"({serve['completion_tokens']} tokens), scheduler kernel calls "
-                     f"{serve['scheduler_kernel_calls']}, exit status {serve['exit_status']} after SIGINT, no process left")]
+                     f"{serve['scheduler_kernel_calls']}, exit status {serve['exit_status']} after SIGINT, "
+                     "no process left")]
     if errors:
         lines += ["", "Errors: " + "; ".join(errors)]
     return "\n".join(lines) + "\n"
