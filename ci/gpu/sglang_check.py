@@ -50,6 +50,7 @@ from vllm_check import (  # noqa: E402  (shared with the vLLM check: same prompt
     TOKEN_STEPS,
     TOP_K,
     agreement,
+    median_seconds,
     model_path,
     prompts,
 )
@@ -98,13 +99,8 @@ def run_engine(model: Path, with_adapter: bool, tp: int) -> dict:
         batch = token_ids(model, THROUGHPUT_PROMPTS, seed=2)
         # Warm-up with the timed batch: kernels compiled on first use stay out of the timing.
         engine.generate(input_ids=batch, sampling_params=fixed)
-
-        def batch_s() -> float:
-            started = time.perf_counter()
-            engine.generate(input_ids=batch, sampling_params=fixed)
-            return time.perf_counter() - started
-
-        throughput_s = statistics.median(batch_s() for _ in range(THROUGHPUT_REPEATS))
+        throughput_s = median_seconds(lambda: engine.generate(input_ids=batch, sampling_params=fixed),
+                                      THROUGHPUT_REPEATS)
 
         def one_sequence_s(max_tokens: int) -> float:
             started = time.perf_counter()

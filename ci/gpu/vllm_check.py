@@ -58,6 +58,15 @@ RUN_TIMEOUT_S, SILENCE_S = 480, 180
 
 # ------------------------------------------------------------------------------------- one engine (child)
 
+def median_seconds(run, repeats: int) -> float:
+    """Median wall time of `repeats` calls of `run` (both engines' checks time their batches with it)."""
+    def once() -> float:
+        started = time.perf_counter()
+        run()
+        return time.perf_counter() - started
+    return statistics.median(once() for _ in range(repeats))
+
+
 def prompts(model: Path, count: int, seed: int) -> list[dict]:
     """Token-id prompts: held-out corpus prompts for a trained model, else PROMPT_LEN random byte tokens."""
     import random
@@ -108,13 +117,7 @@ def run_engine(model: Path, tp: int) -> dict:
     batch = prompts(model, THROUGHPUT_PROMPTS, seed=2)
     fixed = SamplingParams(temperature=0.0, max_tokens=THROUGHPUT_TOKENS, ignore_eos=True)
     llm.generate(batch, fixed)  # warm-up with the timed batch: kernels compiled on first use stay out of the timing
-
-    def batch_s() -> float:
-        started = time.perf_counter()
-        llm.generate(batch, fixed)
-        return time.perf_counter() - started
-
-    throughput_s = statistics.median(batch_s() for _ in range(THROUGHPUT_REPEATS))
+    throughput_s = median_seconds(lambda: llm.generate(batch, fixed), THROUGHPUT_REPEATS)
 
     def one_sequence_s(max_tokens: int) -> float:
         started = time.perf_counter()
