@@ -7,7 +7,8 @@
 #   vllm-llama, vllm-gemma  stock vLLM vs our adapter vs the exported patch series (ci/gpu/export_check.py)
 #   vllm-trained            stock vLLM vs our adapter on the trained models (greedy tokens on peaked logits)
 #   tp2, tp2-trained        stock vLLM vs our adapter at tensor_parallel_size=2 (ci/gpu/vllm_check.py), on the
-#                           random Llama-style model / on the trained models
+#                           random Llama-style model / on the trained models (tp2-trained-llama, -gemma: one
+#                           of them; four tp=2 engine starts can outlast one call)
 #   sglang                  stock SGLang vs our adapter, and sk-serve --engine sglang (ci/gpu/sglang_check.py)
 #   sglang-trained          stock SGLang vs our adapter on the trained models
 #   sglang-export           stock SGLang vs our adapter vs the exported SGLang series (ci/gpu/export_check.py)
@@ -45,6 +46,8 @@ case $step in
   vllm-trained)   command=(python3 ci/gpu/vllm_check.py "$work" --styles llama-trained gemma-trained) ;;
   tp2)    command=(python3 ci/gpu/vllm_check.py "$work" --tp 2 --styles llama) ;;
   tp2-trained)    command=(python3 ci/gpu/vllm_check.py "$work" --tp 2 --styles llama-trained gemma-trained) ;;
+  tp2-trained-llama|tp2-trained-gemma)
+          command=(python3 ci/gpu/vllm_check.py "$work" --tp 2 --styles "${step#tp2-trained-}-trained") ;;
   sglang) command=(python3 ci/gpu/sglang_check.py "$work" --styles llama) ;;
   sglang-trained) command=(python3 ci/gpu/sglang_check.py "$work" --styles llama-trained gemma-trained --no-serve) ;;
   sglang-export)  command=(python3 ci/gpu/export_check.py "$work" --engine sglang --styles llama) ;;
