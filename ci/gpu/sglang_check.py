@@ -6,7 +6,7 @@ For each model style and variant, one `sglang.Engine` runs in its own process, w
 CUDA graphs for decode, piecewise CUDA graphs for prefill), `sampling_backend="pytorch"`; the "sk" variant does
 what a user does: `import sk.adapters.sglang` before building the engine. Each run measures
   - greedy tokens with the top-5 candidates per step (agreement with stock: exact sequences, first divergence,
-    top-5 overlap before it; the models have peaked logits, so greedy tokens are meaningful);
+    top-5 overlap before it; on the trained models also the answers, the tokens up to the first newline);
   - throughput: 64 prompts x 64 generated tokens, the median of 7 timed batches after a warm-up batch;
   - decode latency: one sequence, milliseconds per generated token;
   - our ops in the engine: each scheduler process's adapter report (kernel calls and fallbacks per TP rank),
@@ -50,6 +50,8 @@ from vllm_check import (  # noqa: E402  (shared with the vLLM check: same prompt
     TOKEN_STEPS,
     TOP_K,
     agreement,
+    answer_end_id,
+    greedy_cells,
     median_seconds,
     model_path,
     prompts,
@@ -262,7 +264,7 @@ def markdown(summary: dict) -> str:
              f"pytorch. Throughput: {THROUGHPUT_PROMPTS} prompts x {THROUGHPUT_TOKENS} tokens, median of "
              f"{THROUGHPUT_REPEATS} batches (prompt {PROMPT_LEN}). "
              f"Decode: one sequence, ms per token. Tokens: {TOKEN_PROMPTS} prompts x {TOKEN_STEPS} greedy steps "
-             "vs stock.", "",
+             "vs stock (trained models: also the answers, up to the first newline).", "",
              f"| model | variant | start (s) | tokens/s | decode ms/token | greedy = stock | top-{TOP_K} overlap | "
              "our kernel calls per scheduler (TP rank) | fallbacks |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -278,8 +280,7 @@ def markdown(summary: dict) -> str:
             lines.append(
                 f"| {style} | {variant} | {r['startup_s']:.0f} | {r['throughput_tokens_per_s']:.0f} | "
                 f"{r['decode_ms_per_token']:.2f} | "
-                + (f"{agree['exact_sequences']}/{agree['sequences']} | {agree[f'top{TOP_K}_overlap']:.3f}"
-                   if agree else "(reference) | ")
+                + greedy_cells(agree)
                 + f" | {calls} | {fallbacks} |")
     errors = [f"{style} {variant}: {r['error']}" for style, runs in summary["runs"].items()
               for variant, r in runs.items() if "error" in r]
@@ -335,7 +336,7 @@ def main() -> int:
         stock = runs.get("stock", {})
         for variant, r in runs.items():
             if variant != "stock" and "tokens" in r and "tokens" in stock:
-                r["agreement"] = agreement(stock, r)
+                r["agreement"] = agreement(stock, r, answer_end_id(style))
     if not args.no_serve:
         print("sglang_check: sk-serve --engine sglang", file=sys.stderr, flush=True)
         summary["serve"] = check_serve(work)

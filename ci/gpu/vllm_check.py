@@ -5,7 +5,7 @@
 For each model style and variant, one engine runs in its own process, in vLLM's default mode (bf16, Inductor
 compile + CUDA graphs) and measures:
   - greedy tokens with the top-5 candidates per step (agreement with stock: exact sequences, first divergence,
-    top-5 overlap before it);
+    top-5 overlap before it; on the trained models also the answers, the tokens up to the first newline);
   - throughput: 64 prompts x 64 generated tokens, the median of 7 timed batches after a warm-up batch;
   - decode latency: one sequence, milliseconds per generated token;
   - our ops in the engine: each process's adapter report (kernel calls and fallbacks, per worker rank).
@@ -165,8 +165,21 @@ def run_variant(style: str, variant: str, tp: int, work: Path) -> dict:
     return result
 
 
-def agreement(stock: dict, ours: dict) -> dict:
-    """Exact greedy sequences, first divergence, and top-k overlap on the steps before it."""
+def answer_end_id(style: str) -> int | None:
+    """The token that ends a trained model's answer: its corpus answers on one line, the eval stops at "\n"."""
+    if style not in TRAINED_MODELS:
+        return None
+    from tokenizers import Tokenizer
+
+    (newline,) = Tokenizer.from_file(str(TRAINED_MODELS[style] / "tokenizer.json")).encode(
+        "\n", add_special_tokens=False).ids
+    return newline
+
+
+def agreement(stock: dict, ours: dict, answer_end: int | None = None) -> dict:
+    """Exact greedy sequences, first divergence, and top-k overlap on the steps before it; with `answer_end`, also
+    the sequences equal up to and including that token (a trained model's answer: past it the model was never
+    trained, its logits are flat and bf16 rounding decides)."""
     exact, first_divergence, overlaps = 0, [], []
     for s_tok, o_tok, s_top, o_top in zip(stock["tokens"], ours["tokens"], stock["topk"], ours["topk"]):
         diverge = next((i for i, (a, b) in enumerate(zip(s_tok, o_tok)) if a != b), None)
@@ -175,8 +188,21 @@ def agreement(stock: dict, ours: dict) -> dict:
         # Up to and including the first differing step the two runs saw the same context.
         steps = len(s_tok) if diverge is None else diverge + 1
         overlaps += [len(set(a) & set(b)) / TOP_K for a, b in zip(s_top[:steps], o_top[:steps])]
-    return {"exact_sequences": exact, "sequences": len(stock["tokens"]),
-            "first_divergence": first_divergence, f"top{TOP_K}_overlap": statistics.mean(overlaps)}
+    result = {"exact_sequences": exact, "sequences": len(stock["tokens"]),
+              "first_divergence": first_divergence, f"top{TOP_K}_overlap": statistics.mean(overlaps)}
+    if answer_end is not None:
+        def answer(tokens: list[int]) -> list[int]:
+            return tokens[:tokens.index(answer_end) + 1] if answer_end in tokens else tokens
+        result["answers_equal"] = sum(answer(a) == answer(b) for a, b in zip(stock["tokens"], ours["tokens"]))
+    return result
+
+
+def greedy_cells(agree: dict | None) -> str:
+    """The table's 'greedy = stock' and 'top-k overlap' cells (both engines' tables)."""
+    if not agree:
+        return "(reference) | "
+    answers = f"; answers {agree['answers_equal']}/{agree['sequences']}" if "answers_equal" in agree else ""
+    return f"{agree['exact_sequences']}/{agree['sequences']}{answers} | {agree[f'top{TOP_K}_overlap']:.3f}"
 
 
 def versions() -> dict:
@@ -200,7 +226,8 @@ def markdown(summary: dict) -> str:
              f"{THROUGHPUT_PROMPTS} prompts x {THROUGHPUT_TOKENS} tokens, median of {THROUGHPUT_REPEATS} batches "
              f"(prompt {PROMPT_LEN} random tokens; trained models: "
              "held-out corpus prompts). Decode: one "
-             f"sequence, ms per token. Tokens: {TOKEN_PROMPTS} prompts x {TOKEN_STEPS} greedy steps vs stock.", "",
+             f"sequence, ms per token. Tokens: {TOKEN_PROMPTS} prompts x {TOKEN_STEPS} greedy steps vs stock "
+             "(trained models: also the answers, up to the first newline).", "",
              "| model | variant | start (s) | tokens/s | decode ms/token | greedy = stock | top-5 overlap | "
              "our kernel calls per worker rank | fallbacks |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -216,8 +243,7 @@ def markdown(summary: dict) -> str:
             lines.append(
                 f"| {style} | {variant} | {r['startup_s']:.0f} | {r['throughput_tokens_per_s']:.0f} | "
                 f"{r['decode_ms_per_token']:.2f} | "
-                + (f"{agree['exact_sequences']}/{agree['sequences']} | {agree[f'top{TOP_K}_overlap']:.3f}"
-                   if agree else "(reference) | ")
+                + greedy_cells(agree)
                 + f" | {calls} | {fallbacks} |")
     reasons = {f["reason"] for runs in summary["runs"].values() for r in runs.values()
                for w in r.get("workers", []) for f in w["fallbacks"]}
@@ -254,7 +280,7 @@ def main() -> int:
         if "error" not in runs.get("stock", {"error": ""}):
             for variant, r in runs.items():
                 if variant != "stock" and "error" not in r:
-                    r["agreement"] = agreement(runs["stock"], r)
+                    r["agreement"] = agreement(runs["stock"], r, answer_end_id(style))
     summary["gpu"] = next((r["gpu"] for runs in summary["runs"].values() for r in runs.values() if "gpu" in r),
                           None)
     (out / "vllm_check.json").write_text(json.dumps(summary, indent=2) + "\n")
