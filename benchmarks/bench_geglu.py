@@ -180,13 +180,17 @@ def bench_training(m, d, ff):
 # the epilogue, the only exception kept).
 SWEEP = {
     "seed": {
-        "gate_up": [(64, 128, 64, 4, 3), (128, 64, 64, 4, 3), (64, 64, 64, 4, 4), (64, 128, 64, 4, 4),
-                    (64, 128, 64, 8, 3), (64, 128, 128, 4, 2)],
-        "down": [(64, 64, 64, 4, 3, 1), (64, 64, 64, 4, 4, 2), (128, 64, 64, 4, 3, 2), (64, 32, 128, 4, 3, 1)],
+        "gate_up": [(128, 64, 64, 4, 3), (64, 64, 64, 4, 4), (128, 64, 64, 4, 4), (128, 64, 64, 8, 3),
+                    (128, 64, 32, 4, 5), (64, 64, 64, 4, 3), (128, 32, 64, 4, 4)],
+        "down": [(64, 64, 64, 4, 3, 1), (64, 64, 64, 4, 4, 1), (64, 128, 64, 4, 3, 1), (64, 128, 64, 8, 3, 1),
+                 (128, 64, 64, 4, 3, 1), (128, 64, 64, 8, 3, 1), (64, 64, 128, 4, 3, 1), (128, 128, 64, 8, 3, 1),
+                 (128, 64, 64, 4, 3, 2)],
     },
     "decode": {
-        "gate_up": [(32, 64, 128, 4, 4), (16, 64, 128, 4, 5), (64, 64, 64, 4, 4), (32, 32, 128, 4, 4)],
-        "down": [(32, 64, 128, 4, 4, 4), (32, 64, 128, 4, 4, 8), (32, 32, 128, 4, 4, 4), (16, 64, 256, 4, 3, 8)],
+        "gate_up": [(64, 64, 64, 4, 4), (32, 64, 128, 4, 4), (32, 128, 64, 4, 4), (32, 64, 64, 4, 6),
+                    (32, 128, 64, 8, 4)],
+        "down": [(32, 64, 128, 4, 4, 8), (32, 32, 128, 4, 4, 4), (32, 128, 128, 4, 4, 8), (32, 128, 128, 4, 4, 16),
+                 (32, 64, 128, 4, 4, 16), (32, 128, 64, 4, 6, 16), (32, 256, 64, 8, 4, 16), (32, 64, 256, 4, 3, 8)],
     },
     "prefill": {
         "gate_up": [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 32, 8, 5), (128, 64, 64, 8, 4)],
@@ -279,8 +283,9 @@ def profile_cases(names):
 def profile_markdown(meta, cases):
     lines = [f"# Pre-norm GEGLU block: where the time goes, bf16, {meta['gpu']}", "",
              f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}. torch.profiler over "
-             f"{PROFILE_STEPS} calls launched from Python, per call. Kernels by GPU time; host ops by self CPU time.",
-             ""]
+             f"{PROFILE_STEPS} calls launched from Python, per call. Kernels by GPU time; host ops by self CPU time; "
+             "Python functions by self time under cProfile (a separate pass: its per-call overhead inflates them, "
+             "compare them with each other).", ""]
     for case, p in cases.items():
         lines += [f"## {case}: kernels {p['kernel_us']:.1f} µs, host ops {p['host_us']:.1f} µs", "",
                   "| kernel | µs | launches | | host op | self µs | calls |", "|---|---|---|---|---|---|---|"]
@@ -289,6 +294,9 @@ def profile_markdown(meta, cases):
             h = p["host_ops"][i] if i < len(p["host_ops"]) else None
             lines.append((f"| `{k['name'][:60]}` | {k['us']:.1f} | {k['launches']:.0f} |" if k else "| | | |")
                          + (f" | `{h['name'][:50]}` | {h['self_us']:.1f} | {h['calls']:.0f} |" if h else " | | | |"))
+        lines += ["", f"Python, {p['python_us']:.0f} µs per call under cProfile:", "",
+                  "| function | self µs | calls |", "|---|---|---|"]
+        lines += [f"| `{f['name'][:90]}` | {f['self_us']:.1f} | {f['calls']:.1f} |" for f in p["python"]]
         lines.append("")
     return "\n".join(lines)
 

@@ -49,9 +49,17 @@ def test_profile_per_step_counts_host_ops_per_call():
     from sk.bench.timing import profile_per_step
 
     a = torch.randn(32, 48)
-    profile = profile_per_step(lambda: (a @ a.T) @ a, steps=7)
+
+    def two_products():
+        return (a @ a.T) @ a
+
+    profile = profile_per_step(two_products, steps=7)
     mm = next(op for op in profile["host_ops"] if op["name"] == "aten::mm")
     assert mm["calls"] == 2 and mm["self_us"] > 0
+    # cProfile's pass: the Python function itself, once a call
+    ours = next(f for f in profile["python"] if f["name"].startswith("two_products "))
+    assert ours["calls"] == 1 and "test_warmup_and_bench_report.py" in ours["name"]
+    assert profile["python_us"] >= ours["self_us"]
     assert profile["host_us"] >= sum(op["self_us"] for op in profile["host_ops"]) * 0.999
     if not torch.cuda.is_available():
         assert profile["kernels"] == []  # CPU ops launch no GPU kernels

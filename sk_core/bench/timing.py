@@ -103,8 +103,13 @@ def copy_bandwidth_tbps(nbytes: int = 4 << 30) -> float:
 def profile_per_step(fn: Callable[[], object], *, steps: int = 20, top: int = 12) -> dict:
     """Where one call of `fn` spends its time, from torch.profiler over `steps` calls launched from Python:
     the GPU kernels (µs and launches per call, by total time) and the host-side ops (self CPU µs and calls per
-    call, by self time). For a host-bound call (a training step at a small shape) the second list says what
-    to remove; for a GPU-bound one the first says which kernel to work on."""
+    call, by self time); then, from cProfile over another `steps` calls, the Python functions by self time
+    (what the host ops' own Python costs: argument handling, autograd.Function bodies, Triton's launcher).
+    For a host-bound call (a training step at a small shape) the last two lists say what to remove; for a
+    GPU-bound one the first says which kernel to work on."""
+    import cProfile
+    import pstats
+
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
@@ -122,6 +127,16 @@ def profile_per_step(fn: Callable[[], object], *, steps: int = 20, top: int = 12
     host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and e.self_cpu_time_total > 0]
     gpu.sort(key=lambda e: -e.device_time_total)
     host.sort(key=lambda e: -e.self_cpu_time_total)
+
+    python = cProfile.Profile()
+    python.enable()
+    for _ in range(steps):
+        fn()
+    python.disable()
+    if cuda:
+        torch.cuda.synchronize()
+    functions = pstats.Stats(python).stats  # {(file, line, name): (primitive calls, calls, self s, total s, ...)}
+    by_self = sorted(functions.items(), key=lambda kv: -kv[1][2])
     return {
         "kernels": [{"name": e.key, "us": e.device_time_total / steps, "launches": e.count / steps}
                     for e in gpu[:top]],
@@ -129,4 +144,8 @@ def profile_per_step(fn: Callable[[], object], *, steps: int = 20, top: int = 12
         "host_ops": [{"name": e.key, "self_us": e.self_cpu_time_total / steps, "calls": e.count / steps}
                      for e in host[:top]],
         "host_us": sum(e.self_cpu_time_total for e in host) / steps,
+        "python": [{"name": f"{name} ({file.rsplit('/', 2)[-1] if file != '~' else 'builtin'}:{line})",
+                    "self_us": v[2] * 1e6 / steps, "calls": v[1] / steps}
+                   for (file, line, name), v in by_self[:top]],
+        "python_us": sum(v[2] for v in functions.values()) * 1e6 / steps,
     }

@@ -14,8 +14,9 @@ Three Triton kernels in the forward:
      read, wrong results on the H200 at 64-row tiles; `tests/test_fused_pre_norm_geglu.py` checks the
      buffers of the compiled sm90 kernel.)
   3. `_down_kernel`: h @ down_weightᵀ with bias and residual in the epilogue. When the output has too few tiles
-     to fill the GPU (decode), K is split across programs that add fp32 partials atomically (so the last bits
-     may differ between runs); the last program to finish a tile (counted with an atomic) applies the epilogue.
+     to fill the GPU (decode), K is split across programs that each write an fp32 partial; the last program to
+     finish a tile (counted with an atomic; pass 1 zeroes the counters, so no memset launch) sums the partials
+     in split order, the same bits every run, and applies the epilogue.
 The GEMM operands are read through TMA tensor descriptors (Hopper's bulk copy engine feeding wgmma), which
 needs 16-byte rows: d_model and d_ff multiples of 8; other widths take the recorded fallback.
 Matrix products take operands in the activation dtype (bf16/fp16) and accumulate in fp32; LayerNorm reads
@@ -80,13 +81,19 @@ def _tile_coords(pid, num_m, num_n, GROUP_M: tl.constexpr):
     return first_m + (pid % width) % size_m, (pid % width) // size_m
 
 
-@triton.jit(do_not_specialize=["n_rows", "eps"])
+@triton.jit(do_not_specialize=["n_rows", "eps", "n_arrivals"])
 def _ln_stats_kernel(
-    x_ptr, stats_ptr, ln_w_ptr, ln_b_ptr, xn_ptr, n_rows, d, eps,
-    D_ALIGN: tl.constexpr, HAS_LN_BIAS: tl.constexpr, STORE_XN: tl.constexpr,
+    x_ptr, stats_ptr, ln_w_ptr, ln_b_ptr, xn_ptr, arrivals_ptr, n_rows, d, eps, n_arrivals,
+    D_ALIGN: tl.constexpr, HAS_LN_BIAS: tl.constexpr, STORE_XN: tl.constexpr, ARRIVALS_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # stats is [2, n_rows] fp32: mean, then 1/std. A whole row sits in registers: two exact passes.
+    # ARRIVALS_BLOCK > 0: the split-K down projection's per-tile arrival counters, zeroed here by the first
+    # program (they are few: one per output tile at decode), which saves a memset launch before the GEMMs.
+    if ARRIVALS_BLOCK > 0:
+        if tl.program_id(0) == 0:
+            counters = tl.arange(0, ARRIVALS_BLOCK)
+            tl.store(arrivals_ptr + counters, tl.zeros((ARRIVALS_BLOCK,), tl.int32), mask=counters < n_arrivals)
     row_stride = d // D_ALIGN * D_ALIGN  # == d, written so the compiler knows its alignment (wide loads)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)[None, :]
@@ -190,15 +197,20 @@ def _down_kernel(
         b = wd_desc.load([pid_n * BLOCK_N, (k_first + k) * BLOCK_K])
         acc = tl.dot(a, b.T, acc)
     if SPLIT_K > 1:
+        # partial is [SPLIT_K, n_rows, d] fp32 (int32 offsets: split only for few rows). As in CUTLASS's serial
+        # split-K: plain stores, a barrier, then one release (the counter); the last program acquires it.
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (offs_m < n_rows)[:, None] & (offs_n < d)[None, :]
-        partial_ptrs = partial_ptr + offs_m[:, None] * d + offs_n[None, :]  # int32: split only for few rows
-        tl.atomic_add(partial_ptrs, acc, mask=mask, sem="relaxed")
+        partial_ptrs = partial_ptr + offs_m[:, None] * d + offs_n[None, :]
+        split_stride = n_rows * d
+        tl.store(partial_ptrs + tl.program_id(1) * split_stride, acc, mask=mask)
         tl.debug_barrier()  # every thread's partial is in before the tile's arrival is counted
         arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:  # the last split of this tile: the sum is complete
-            acc = tl.load(partial_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+        if arrived == SPLIT_K - 1:  # the last split of this tile: all partials are in
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for split in tl.static_range(SPLIT_K):  # in split order: the same sum, bit for bit, every run
+                acc += tl.load(partial_ptrs + split * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
             _down_epilogue(acc, bd_ptr, x_desc, y_desc, pid_m, pid_n, d, HAS_BIAS, BLOCK_M, BLOCK_N)
     else:
         _down_epilogue(acc, bd_ptr, x_desc, y_desc, pid_m, pid_n, d, HAS_BIAS, BLOCK_M, BLOCK_N)
@@ -297,13 +309,14 @@ class GemmConfig:
 
 
 # Chosen per shape class from the sweeps on the H200 (benchmarks/bench_geglu.py --sweep; the fastest forward of
-# the candidates in results/h200/geglu/bench_geglu_sweep.json, 2026-11-29, and for "small" gate/up
-# results/h200/geglu/2026-11-30/bench_geglu_sweep.json, timed with the folded LayerNorm); no autotuning at
+# the candidates in results/h200/geglu/bench_geglu_sweep.json, 2026-11-29, and for "small"
+# results/h200/geglu/2026-11-30/second-run/bench_geglu_sweep.json, timed with the folded LayerNorm: 64-row
+# tiles, so that the seed shape's 368 gate/up and 96 down programs are all resident at once); no autotuning at
 # call time, so every call (and CUDA-graph capture) launches an already-chosen kernel. Decode splits the down
 # projection's K so that its few output tiles still spread over the GPU.
 GATE_UP_CONFIGS = {
     "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4),
-    "small": GemmConfig(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3),
+    "small": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3),
     "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
 }
 # Training's gate/up kernel (prologue normalization, pre-activations stored) needs more registers: at the seed
@@ -315,7 +328,7 @@ TRAINING_GATE_UP_CONFIGS = {
 }
 DOWN_CONFIGS = {
     "decode": GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=8),
-    "small": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3),
+    "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3),
     "large": GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
 }
 
@@ -491,12 +504,20 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     gate_up, down = configs or choose_configs(m, d, ff, save_for_backward)
     d_align, ff_align = _align(d), _align(ff)
     approx_tanh = approximate == "tanh"
+    tiles = _cdiv(m, down.block_m) * _cdiv(d, down.block_n)
+    if down.split_k > 1:
+        # One fp32 partial per split, then one arrival counter per tile (zeroed by the stats kernel).
+        scratch = torch.empty(down.split_k * m * d + tiles, dtype=torch.float32, device=dev)
+        partial, arrivals = scratch[: down.split_k * m * d], scratch[down.split_k * m * d:].view(torch.int32)
+    else:
+        partial, arrivals = y, stats  # unread without a split
 
     block_d = _next_power_of_2(d)
     rows_per_program = max(1, min(16, 2048 // block_d))
     _ln_stats_kernel[(_cdiv(m, rows_per_program),)](
-        x2, stats, ln_w, ln_b, xn, m, d, eps,
+        x2, stats, ln_w, ln_b, xn, arrivals, m, d, eps, tiles,
         D_ALIGN=d_align, HAS_LN_BIAS=ln_b is not None, STORE_XN=save_for_backward,
+        ARRIVALS_BLOCK=max(16, _next_power_of_2(tiles)) if down.split_k > 1 else 0,
         BLOCK_M=rows_per_program, BLOCK_D=block_d,
         num_warps=min(16, max(1, rows_per_program * block_d // 512)),
     )
@@ -516,13 +537,6 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     )
 
     c = down
-    tiles = _cdiv(m, c.block_m) * _cdiv(d, c.block_n)
-    if c.split_k > 1:
-        # fp32 partial sums, then one arrival counter per tile (int32 zero bits are fp32 zero bits).
-        scratch = torch.zeros(m * d + tiles, dtype=torch.float32, device=dev)
-        partial, arrivals = scratch[: m * d], scratch[m * d:].view(torch.int32)
-    else:
-        partial, arrivals = y, y
     _down_kernel[(tiles, c.split_k)](
         tma(h, [c.block_m, c.block_k]), tma(wd, [c.block_n, c.block_k]), bd,
         tma(x2, [c.block_m, c.block_n]), tma(y, [c.block_m, c.block_n]), partial, arrivals, m, d,
