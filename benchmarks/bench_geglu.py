@@ -174,7 +174,8 @@ def bench_training(m, d, ff):
     return row
 
 
-# Candidate (block_m, block_n, block_k, num_warps, num_stages[, split_k]) per shape for --sweep: those that
+# Candidate (block_m, block_n, block_k, num_warps, num_stages[, split_k][, "swap"]) per shape for --sweep ("swap":
+# the products computed transposed, `GemmConfig.swap_ab`): those that
 # compile for sm90 without register spills (checked ahead with benchmarks/compile_report_geglu.py on a CPU
 # machine; the gate/up kernel swept is the inference one, γ folded: its 128 × 128 tiles spill 64 bytes in
 # the epilogue, the only exception kept).
@@ -187,16 +188,23 @@ SWEEP = {
                  (128, 64, 64, 4, 3, 2)],
     },
     "decode": {
-        "gate_up": [(64, 64, 64, 4, 4), (32, 64, 128, 4, 4), (32, 128, 64, 4, 4), (32, 64, 64, 4, 6),
-                    (32, 128, 64, 8, 4)],
-        "down": [(32, 64, 128, 4, 4, 8), (32, 32, 128, 4, 4, 4), (32, 128, 128, 4, 4, 8), (32, 128, 128, 4, 4, 16),
-                 (32, 64, 128, 4, 4, 16), (32, 128, 64, 4, 6, 16), (32, 256, 64, 8, 4, 16), (32, 64, 256, 4, 3, 8)],
+        "gate_up": [(64, 64, 64, 4, 4), (32, 64, 64, 4, 6), (32, 64, 64, 4, 4, "swap"), (32, 64, 128, 4, 4, "swap"),
+                    (32, 128, 64, 4, 4, "swap"), (32, 64, 64, 4, 6, "swap")],
+        "down": [(32, 64, 128, 4, 4, 8), (32, 32, 128, 4, 4, 4), (32, 64, 128, 4, 4, 8, "swap"),
+                 (32, 64, 128, 4, 4, 4, "swap"), (32, 128, 128, 4, 4, 8, "swap"), (32, 64, 64, 4, 6, 8, "swap")],
     },
     "prefill": {
         "gate_up": [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 32, 8, 5), (128, 64, 64, 8, 4)],
         "down": [(128, 256, 64, 8, 3, 1), (128, 128, 64, 8, 3, 1), (128, 128, 64, 8, 4, 1), (128, 64, 128, 4, 3, 1)],
     },
 }
+
+
+def candidate_config(candidate: tuple) -> "geglu.GemmConfig":
+    """The GemmConfig of a SWEEP entry."""
+    bm, bn, bk, warps, stages, *rest = candidate
+    split = next((r for r in rest if isinstance(r, int)), 1)
+    return geglu.GemmConfig(bm, bn, bk, warps, stages, split_k=split, swap_ab="swap" in rest)
 
 
 def sweep(shape_name, m, d, ff):
@@ -216,8 +224,7 @@ def sweep(shape_name, m, d, ff):
     results = {"gate_up": [], "down": []}
     for kind in ("gate_up", "down"):
         for cand in SWEEP[shape_name][kind]:
-            bm, bn, bk, warps, stages, *split = cand
-            cfg = geglu.GemmConfig(bm, bn, bk, warps, stages, split_k=split[0] if split else 1)
+            cfg = candidate_config(cand)
             # Timed as the op would run it: blocks fitted to the problem (M = 32 at decode, say).
             run_cfg = cfg.fitted(m, ff, d) if kind == "gate_up" else cfg.fitted(m, d, ff)
             cfgs = (run_cfg, base_down) if kind == "gate_up" else (base_gu, run_cfg)

@@ -23,7 +23,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_geglu import SHAPES, SWEEP  # noqa: E402
+from bench_geglu import SHAPES, SWEEP, candidate_config  # noqa: E402
 
 geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
 SM90 = GPUTarget("cuda", 90, 32)
@@ -46,14 +46,14 @@ def compile_kernel(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool
                      "ff": "i32"}
         constexprs = dict(FF_ALIGN=geglu._align(ff), K_BLOCKS=geglu._cdiv(d, c.block_k), FOLD_LN=fold,
                           HAS_LN_BIAS=True, HAS_GATE_BIAS=True, HAS_UP_BIAS=True, STORE_PREACT=not fold,
-                          APPROX_TANH=False)
+                          APPROX_TANH=False, SWAP_AB=c.swap_ab and fold)
     else:
         fn = geglu._down_kernel
         signature = {"h_desc": _desc(c.block_m, c.block_k), "wd_desc": _desc(c.block_n, c.block_k),
                      "bd_ptr": "*fp32", "x_desc": _desc(c.block_m, c.block_n), "y_desc": _desc(c.block_m, c.block_n),
                      "partial_ptr": "*fp32", "arrivals_ptr": "*i32", "n_rows": "i32", "d": "i32"}
         constexprs = dict(K_BLOCKS_PER_SPLIT=geglu._cdiv(geglu._cdiv(ff, c.block_k), c.split_k), HAS_BIAS=True,
-                          SPLIT_K=c.split_k)
+                          SPLIT_K=c.split_k, SWAP_AB=c.swap_ab)
     constexprs.update(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=SM90,
                           options={"num_warps": c.num_warps, "num_stages": c.num_stages})
@@ -99,11 +99,12 @@ def main(argv=None):
                 ("down", "", False, [down])]
         for kind, variant, fold, candidates in runs:
             if args.sweep and variant != " training":  # the sweep times inference
-                candidates += [geglu.GemmConfig(*c[:5], split_k=c[5] if len(c) > 5 else 1).fitted(
+                candidates += [candidate_config(c).fitted(
                     m, ff if kind == "gate_up" else d, d if kind == "gate_up" else ff) for c in SWEEP[name][kind]]
             for c in candidates:
                 print(f"[{name}] {kind}{variant} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} "
-                      f"s{c.num_stages} split{c.split_k}: {compile_report(kind, c, d, ff, fold)}", flush=True)
+                      f"s{c.num_stages} split{c.split_k}{' swap' if c.swap_ab else ''}: "
+                      f"{compile_report(kind, c, d, ff, fold)}", flush=True)
 
 
 if __name__ == "__main__":

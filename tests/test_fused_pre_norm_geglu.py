@@ -89,15 +89,18 @@ def poisoned_outputs(monkeypatch):
 @pytest.mark.parametrize("m,d,ff,split_k", [(1, 48, 200, 1), (7, 40, 72, 1), (33, 64, 48, 4), (20, 72, 104, 2)])
 @pytest.mark.parametrize("bias,approximate", [(True, "none"), (False, "tanh")])
 @pytest.mark.parametrize("fold", [False, True])
-def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approximate, fold, poisoned_outputs):
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approximate, fold, swap_ab, poisoned_outputs):
     """fold: inference's path (γ folded into the gate/up weights, the statistics summed in the gate/up kernel);
     else training's (a statistics pass that also stores the normalized activation, normalized in the prologue,
-    pre-activations stored)."""
+    pre-activations stored). swap_ab: the products computed transposed (decode's configs; the gate/up kernel
+    only with fold)."""
     params = make_params(d, ff, bias=bias, seed=m + d)
     for i in (2, 4, 6):  # the projections compute in the activation dtype; the oracle sees the same values
         params[i] = params[i].to(dtype)
     x = make_x(m, d, dtype)
-    configs = (SMALL.fitted(m, ff, d), dataclasses.replace(SMALL.fitted(m, d, ff), split_k=split_k))
+    tile = dataclasses.replace(SMALL, swap_ab=swap_ab)
+    configs = (tile.fitted(m, ff, d), dataclasses.replace(tile.fitted(m, d, ff), split_k=split_k))
     args = list(params)
     folded = geglu._fold(*params[:6], dtype) if fold else None
     if fold:  # a rounding of γ⊙W instead of the normalized activation's: the same tolerances hold

@@ -119,7 +119,7 @@ def _gate_up_kernel(
     n_rows, d, ff,
     FF_ALIGN: tl.constexpr, K_BLOCKS: tl.constexpr, FOLD_LN: tl.constexpr,
     HAS_LN_BIAS: tl.constexpr, HAS_GATE_BIAS: tl.constexpr, HAS_UP_BIAS: tl.constexpr,
-    STORE_PREACT: tl.constexpr, APPROX_TANH: tl.constexpr,
+    STORE_PREACT: tl.constexpr, APPROX_TANH: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # Operand tiles arrive through TMA descriptors, which zero-fill past the edges: rows past n_rows and
@@ -129,6 +129,8 @@ def _gate_up_kernel(
     # every other read of the x tile out of that loop: a register use of a wgmma operand makes Triton 3.6
     # give it one pipeline buffer fewer than the wgmma in flight needs (a race; see the module docstring).
     # Otherwise the prologue normalizes each x tile. Either way the statistics come from stats_ptr.
+    # SWAP_AB (folded only; decode): the products run transposed, W·xᵀ, so that the weight tile's rows fill
+    # wgmma's 64-row side and the few token rows its narrow side (a tile of < 64 rows otherwise runs mma.sync).
     ff_stride = ff // FF_ALIGN * FF_ALIGN  # == ff, written so the compiler knows its alignment (wide stores)
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.cdiv(ff, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -137,8 +139,8 @@ def _gate_up_kernel(
     col_ok = offs_n < ff
     mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)[:, None]
     rstd = tl.load(stats_ptr + n_rows + offs_m, mask=row_ok, other=0.0)[:, None]
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     # Loop counts are compile-time (d_model and d_ff are model constants; a run-time bound breaks Triton's
     # interpreter under NumPy >= 2.4), kept rolled: unrolled, the loop would spill registers.
     for k in tl.range(K_BLOCKS, loop_unroll_factor=1):
@@ -155,8 +157,15 @@ def _gate_up_kernel(
             if HAS_LN_BIAS:
                 xn += tl.load(ln_b_ptr + k_offs, mask=k_ok, other=0.0).to(tl.float32)[None, :]
             a = xn.to(wg.dtype)  # rounded once to the compute dtype, as eager's LayerNorm output is
-        acc_g = tl.dot(a, wg.T, acc_g)
-        acc_u = tl.dot(a, wu.T, acc_u)
+        if SWAP_AB:
+            acc_g = tl.dot(wg, a.T, acc_g)
+            acc_u = tl.dot(wu, a.T, acc_u)
+        else:
+            acc_g = tl.dot(a, wg.T, acc_g)
+            acc_u = tl.dot(a, wu.T, acc_u)
+    if SWAP_AB:
+        acc_g = acc_g.T
+        acc_u = acc_u.T
     if FOLD_LN:
         # x @ (γ⊙W)ᵀ − μ·Σ_k(γ⊙W) = (x − μ) @ (γ⊙W)ᵀ; then · rstd, + (W·β + b). fold is fp32 [2, 2·ff].
         acc_g = rstd * (acc_g - mean * tl.load(fold_ptr + offs_n, mask=col_ok, other=0.0)[None, :])
@@ -183,19 +192,25 @@ def _gate_up_kernel(
 def _down_kernel(
     h_desc, wd_desc, bd_ptr, x_desc, y_desc, partial_ptr, arrivals_ptr,
     n_rows, d,
-    K_BLOCKS_PER_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+    K_BLOCKS_PER_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # TMA zero-fills past every edge, K included (a split whose blocks run past d_ff adds zeros), and clips
     # the stores: no masks, and no per-element addresses held in registers through the epilogue.
     tile = tl.program_id(0)
     pid_m, pid_n = _tile_coords(tile, tl.cdiv(n_rows, BLOCK_M), tl.cdiv(d, BLOCK_N), GROUP_M)
+    # SWAP_AB: as in the gate/up kernel, W·hᵀ for few rows (wgmma's 64-row side taken by the weight tile).
     k_first = tl.program_id(1) * K_BLOCKS_PER_SPLIT
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in tl.range(K_BLOCKS_PER_SPLIT, loop_unroll_factor=1):
         a = h_desc.load([pid_m * BLOCK_M, (k_first + k) * BLOCK_K])
         b = wd_desc.load([pid_n * BLOCK_N, (k_first + k) * BLOCK_K])
-        acc = tl.dot(a, b.T, acc)
+        if SWAP_AB:
+            acc = tl.dot(b, a.T, acc)
+        else:
+            acc = tl.dot(a, b.T, acc)
+    if SWAP_AB:
+        acc = acc.T
     if SPLIT_K > 1:
         # partial is [SPLIT_K, n_rows, d] fp32 (int32 offsets: split only for few rows). As in CUTLASS's serial
         # split-K: plain stores, a barrier, then one release (the counter); the last program acquires it.
@@ -299,6 +314,7 @@ class GemmConfig:
     num_stages: int
     group_m: int = 8
     split_k: int = 1
+    swap_ab: bool = False  # W·xᵀ rather than x·Wᵀ: for tiles of fewer than 64 rows (inference only)
 
     def fitted(self, m: int, n: int, k: int) -> "GemmConfig":
         """The same config with blocks no larger than the problem (16 is tl.dot's smallest side)."""
@@ -315,7 +331,7 @@ class GemmConfig:
 # call time, so every call (and CUDA-graph capture) launches an already-chosen kernel. Decode splits the down
 # projection's K so that its few output tiles still spread over the GPU.
 GATE_UP_CONFIGS = {
-    "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4),
+    "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4, swap_ab=True),
     "small": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3),
     "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
 }
@@ -327,7 +343,7 @@ TRAINING_GATE_UP_CONFIGS = {
     "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3),
 }
 DOWN_CONFIGS = {
-    "decode": GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=8),
+    "decode": GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=8, swap_ab=True),
     "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3),
     "large": GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
 }
@@ -531,7 +547,7 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
         fold if fold is not None else stats, h, gu, m, d, ff,  # stats: unread without FOLD_LN
         FF_ALIGN=ff_align, K_BLOCKS=_cdiv(d, c.block_k), FOLD_LN=fold is not None,
         HAS_LN_BIAS=ln_b is not None, HAS_GATE_BIAS=bg is not None, HAS_UP_BIAS=bu is not None,
-        STORE_PREACT=save_for_backward, APPROX_TANH=approx_tanh,
+        STORE_PREACT=save_for_backward, APPROX_TANH=approx_tanh, SWAP_AB=c.swap_ab and fold is not None,
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
@@ -541,6 +557,7 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
         tma(h, [c.block_m, c.block_k]), tma(wd, [c.block_n, c.block_k]), bd,
         tma(x2, [c.block_m, c.block_n]), tma(y, [c.block_m, c.block_n]), partial, arrivals, m, d,
         K_BLOCKS_PER_SPLIT=_cdiv(_cdiv(ff, c.block_k), c.split_k), HAS_BIAS=bd is not None, SPLIT_K=c.split_k,
+        SWAP_AB=c.swap_ab,
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
