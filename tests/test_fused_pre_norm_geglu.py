@@ -235,6 +235,16 @@ def test_interpreted_inference_with_the_tables_configs_and_a_partial_row_tile(m)
     assert rel_err(y, fp64_block(x, *params)) < TOL[torch.float16]
 
 
+def test_decode_configs_swap_only_below_64_rows():
+    """Swapped products exist for tiles under wgmma's 64 rows; from 64 rows on the plain orientation takes
+    wgmma itself."""
+    for m, swapped in ((1, True), (32, True), (33, False), (64, False)):
+        gate_up, down = geglu.choose_configs(m, 2048, 16384)
+        assert gate_up.swap_ab == (gate_up.block_m < 64) == swapped, (m, gate_up)
+        assert down.swap_ab and down.block_m < 64  # decode's down tile is 32 rows at most
+    assert not any(c.swap_ab for c in geglu.choose_configs(1000, 768, 1448))
+
+
 # ------------------------------------------------------------------------------------ compiled for sm90 (any machine)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -244,10 +254,10 @@ sys.path.insert(0, "benchmarks")
 from compile_report_geglu import compile_kernel, geglu
 found = {}
 for m, d, ff in json.loads(sys.argv[1]):
-    c = geglu.choose_configs(m, d, ff)[0]
-    ttgir = compile_kernel("gate_up", c, d, ff, fold=True).asm["ttgir"]
-    tiles = re.findall(r"ttg\.local_alloc : \(\) -> !ttg\.memdesc<(\d+)x\d+x\d+x", ttgir)  # [buffers]x[tile]
-    found[f"{m}x{d}x{ff}"] = [c.num_stages, [int(n) for n in tiles]]
+    for kind, c in zip(("gate_up", "down"), geglu.choose_configs(m, d, ff)):
+        ttgir = compile_kernel(kind, c, d, ff, fold=True).asm["ttgir"]
+        tiles = re.findall(r"ttg\.local_alloc : \(\) -> !ttg\.memdesc<(\d+)x\d+x\d+x", ttgir)  # [buffers]x[tile]
+        found[f"{kind} {m}x{d}x{ff}"] = [c.num_stages, [int(n) for n in tiles]]
 print(json.dumps(found))
 """
 
@@ -256,16 +266,19 @@ def test_folded_gate_up_pipelines_every_wgmma_operand_as_deep_as_the_weights():
     """The H200 failure at M = 1000 (bf16 error 1.0e-2, eager 3.5e-3): with the row sums taken from the x tile
     inside the loop, Triton 3.6 gave that tile num_stages − 1 shared buffers (the weights num_stages) while the
     async wgmma reading it was still in flight when the next TMA load refilled the same buffer. No CPU
-    interpreter shows a race: this compiles the folded kernel for sm90 (Triton's own ptxas, no GPU) at the
-    inference configs that use wgmma (64- and 128-row tiles) and counts the buffers. Subprocess: the interpreter,
-    when on, replaces the kernels the compiler needs."""
-    shapes = [(64, 2048, 16384), (1000, 768, 1448), (8192, 2048, 16384)]  # 64-, 128-, 128-row tiles
+    interpreter shows a race: this compiles the folded gate/up kernel and the down kernel for sm90 (Triton's own
+    ptxas, no GPU) at the inference configs, all on wgmma (decode's fewer-than-64-row tiles swapped), and counts
+    the buffers of every operand tile. Subprocess: the interpreter, when on, replaces the kernels the compiler
+    needs."""
+    # 1 and 32 rows: swapped 16- and 32-row tiles; 64: 64-row tiles; the seed's and prefill's configs
+    shapes = [(1, 768, 1448), (32, 2048, 16384), (64, 2048, 16384), (1000, 768, 1448), (8192, 2048, 16384)]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", _SHARED_BUFFERS, json.dumps(shapes)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    for shape, (stages, buffers) in json.loads(out.stdout.splitlines()[-1]).items():
-        assert buffers == [stages] * 3, (shape, stages, buffers)  # x, W'_gate, W'_up
+    for kernel, (stages, buffers) in json.loads(out.stdout.splitlines()[-1]).items():
+        operands = 3 if kernel.startswith("gate_up") else 2  # x, W'_gate, W'_up / h, W_down
+        assert buffers == [stages] * operands, (kernel, stages, buffers)
 
 
 # ----------------------------------------------------------------------------------------------- op, any device

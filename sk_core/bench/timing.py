@@ -144,7 +144,7 @@ def profile_per_step(fn: Callable[[], object], *, steps: int = 20, top: int = 12
         "host_ops": [{"name": e.key, "self_us": e.self_cpu_time_total / steps, "calls": e.count / steps}
                      for e in host[:top]],
         "host_us": sum(e.self_cpu_time_total for e in host) / steps,
-        "python": [{"name": f"{name} ({file.rsplit('/', 2)[-1] if file != '~' else 'builtin'}:{line})",
+        "python": [{"name": f"{name} ({'/'.join(file.rsplit('/', 2)[-2:]) if file != '~' else 'builtin'}:{line})",
                     "self_us": v[2] * 1e6 / steps, "calls": v[1] / steps}
                    for (file, line, name), v in by_self[:top]],
         "python_us": sum(v[2] for v in functions.values()) * 1e6 / steps,

@@ -212,13 +212,13 @@ def _down_kernel(
     if SWAP_AB:
         acc = acc.T
     if SPLIT_K > 1:
-        # partial is [SPLIT_K, n_rows, d] fp32 (int32 offsets: split only for few rows). As in CUTLASS's serial
+        # partial is [SPLIT_K, n_rows, d] fp32. As in CUTLASS's serial
         # split-K: plain stores, a barrier, then one release (the counter); the last program acquires it.
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (offs_m < n_rows)[:, None] & (offs_n < d)[None, :]
-        partial_ptrs = partial_ptr + offs_m[:, None] * d + offs_n[None, :]
-        split_stride = n_rows * d
+        partial_ptrs = partial_ptr + offs_m.to(tl.int64)[:, None] * d + offs_n[None, :]
+        split_stride = n_rows.to(tl.int64) * d
         tl.store(partial_ptrs + tl.program_id(1) * split_stride, acc, mask=mask)
         tl.debug_barrier()  # every thread's partial is in before the tile's arrival is counted
         arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel")
@@ -314,20 +314,23 @@ class GemmConfig:
     num_stages: int
     group_m: int = 8
     split_k: int = 1
-    swap_ab: bool = False  # W·xᵀ rather than x·Wᵀ: for tiles of fewer than 64 rows (inference only)
+    swap_ab: bool = False  # W·xᵀ rather than x·Wᵀ, for tiles of fewer than 64 rows (gate/up: inference only)
 
     def fitted(self, m: int, n: int, k: int) -> "GemmConfig":
-        """The same config with blocks no larger than the problem (16 is tl.dot's smallest side)."""
+        """The same config with blocks no larger than the problem (16 is tl.dot's smallest side), swapped only
+        where the rows fall below wgmma's 64."""
         def fit(block, size):
             return min(block, max(16, _next_power_of_2(size)))
-        return dataclasses.replace(self, block_m=fit(self.block_m, m), block_n=fit(self.block_n, n),
-                                   block_k=fit(self.block_k, k))
+        block_m = fit(self.block_m, m)
+        return dataclasses.replace(self, block_m=block_m, block_n=fit(self.block_n, n),
+                                   block_k=fit(self.block_k, k), swap_ab=self.swap_ab and block_m < 64)
 
 
 # Chosen per shape class from the sweeps on the H200 (benchmarks/bench_geglu.py --sweep; the fastest forward of
-# the candidates in results/h200/geglu/bench_geglu_sweep.json, 2026-11-29, and for "small"
-# results/h200/geglu/2026-11-30/second-run/bench_geglu_sweep.json, timed with the folded LayerNorm: 64-row
-# tiles, so that the seed shape's 368 gate/up and 96 down programs are all resident at once); no autotuning at
+# the candidates in results/h200/geglu/bench_geglu_sweep.json, 2026-11-29; for "small"
+# results/h200/geglu/2026-11-30/second-run/sweep/bench_geglu_sweep.json, timed with the folded LayerNorm: 64-row
+# tiles, so that the seed shape's 368 gate/up and 96 down programs are all resident at once; decode's swap from
+# .../second-run/decode-swap/bench_geglu_sweep.json, one run, 0.3-0.6 µs of ~61 per kernel); no autotuning at
 # call time, so every call (and CUDA-graph capture) launches an already-chosen kernel. Decode splits the down
 # projection's K so that its few output tiles still spread over the GPU.
 GATE_UP_CONFIGS = {

@@ -16,14 +16,17 @@ def run(tokens):
 
 def test_answers_compare_up_to_the_newline():
     nl = 201  # the trained tokenizers' newline (next test)
-    stock = run([[5, 6, nl, 7, 8], [5, 6, nl, 7, 8], [5, 9, nl, 7, 8], [5, 6, 6, 6, 6]])
-    ours = run([[5, 6, nl, 7, 8], [5, 6, nl, 3, 3], [5, 6, nl, 7, 8], [5, 6, 6, 6, 4]])
+    stock = run([[5, 6, nl, 7, 8], [5, 6, nl, 7, 8], [5, 9, nl, 7, 8], [5, 6, 6, 6, 6], [5, nl, 6, 7, 8],
+                 [5, 6, nl, 7, 8]])
+    ours = run([[5, 6, nl, 7, 8], [5, 6, nl, 3, 3], [5, 6, nl, 7, 8], [5, 6, 6, 6, 4], [5, 6, nl, 7, 8],
+                [5, 6, 7, 7, 8]])
     agree = vllm_check.agreement(stock, ours, nl)
-    # equal; differs past the answer; differs inside it; no newline: the whole sequence is the answer
+    # equal; differs past the answer; differs inside it; no newline: the whole sequence is the answer;
+    # the answer ends at different steps; only one side ends its answer
     assert agree["exact_sequences"] == 1
-    assert agree["first_divergence"] == [None, 3, 1, 4]
+    assert agree["first_divergence"] == [None, 3, 1, 4, 1, 2]
     assert agree["answers_equal"] == 2
-    assert "1/4; answers 2/4" in vllm_check.greedy_cells(agree)
+    assert "1/6; answers 2/6" in vllm_check.greedy_cells(agree)
     assert "answers_equal" not in vllm_check.agreement(stock, ours)  # random models: no answers to compare
 
 
