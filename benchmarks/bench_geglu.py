@@ -13,6 +13,7 @@ is host-bound at the seed shape).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import importlib
 import json
@@ -27,6 +28,7 @@ import sk
 from sk.bench.timing import environment, graph_time_us, profile_per_step, side_by_side_us
 
 geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
+step_graphs = importlib.import_module("sk.ops._step_graphs")
 
 SHAPES = {"seed": (1024, 768, 1448), "prefill": (8192, 2048, 16384), "decode": (32, 2048, 16384)}
 CALLS_PER_REPLAY = 20  # as the peer table: 20 calls captured per graph, time per call
@@ -98,15 +100,18 @@ def rel_err(out, ref):
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def without_fold(fn):
-    """`fn` with the gate/up kernel normalizing in its prologue (as in training) instead of using weights with
-    the LayerNorm scale folded in: the A/B of `geglu.FOLD_LN`, decided when a graph captures the call."""
+def switched_off(fn, module, flag):
+    """`fn` with `module.flag` False while it runs: the A/B of one of the op's switches (`geglu.FOLD_LN`: the
+    gate/up kernel normalizing in its prologue, as in training, instead of using weights with the LayerNorm
+    scale folded in; `geglu.PDL`: kernels launched in plain stream order; `step_graphs.ENABLED`: training steps
+    launched from Python, not replayed). Read at launch, so a graph capturing `fn` captures the switched-off op."""
     def run():
-        saved, geglu.FOLD_LN = geglu.FOLD_LN, False
+        saved = getattr(module, flag)
+        setattr(module, flag, False)
         try:
             return fn()
         finally:
-            geglu.FOLD_LN = saved
+            setattr(module, flag, saved)
     return run
 
 
@@ -121,10 +126,11 @@ def bench_inference(name, m, d, ff, with_compile):
                                                                          for a in args])
         row["rel_err_ours_vs_fp64"] = rel_err(ours()[rows], ref64)
         row["rel_err_eager_bf16_vs_fp64"] = rel_err(eager()[rows], ref64)
-        unfolded = without_fold(ours)
+        unfolded = switched_off(ours, geglu, "FOLD_LN")
         row["rel_err_ours_unfolded_vs_fp64"] = rel_err(unfolded()[rows], ref64)
         row["gate_up_config"], row["down_config"] = [dataclasses.asdict(c) for c in geglu.choose_configs(m, d, ff)]
-        row.update(side_by_side_us({"ours_graph_us": ours, "ours_unfolded_graph_us": unfolded, "eager_graph_us": eager},
+        row.update(side_by_side_us({"ours_graph_us": ours, "ours_unfolded_graph_us": unfolded,
+                                    "ours_no_pdl_graph_us": switched_off(ours, geglu, "PDL"), "eager_graph_us": eager},
                                    calls_per_replay=CALLS_PER_REPLAY))
         row["ours_eager_us"] = time_eager_us(ours)
         row["eager_us"] = time_eager_us(eager)
@@ -152,7 +158,8 @@ def bench_training(m, d, ff):
     grad = torch.randn_like(x)
 
     def step_after_update(model):
-        # An optimizer step changes every master: the op re-makes its BF16 copies on the next call.
+        # An optimizer step changes every master in place: ours without replay re-makes its BF16 copies on the
+        # next call; a replayed step casts inside its graphs anyway.
         params = list(model.parameters())
 
         def run():
@@ -163,14 +170,20 @@ def bench_training(m, d, ff):
 
     row = {"shape": "seed", "M": m, "D": d, "FF": ff}
     row["eager_step_us"] = time_eager_us(training_step(block, x, grad), repeats=20)
-    row["ours_step_us"] = time_eager_us(training_step(ours, x, grad), repeats=20)
+    row["ours_step_us"] = time_eager_us(captured(training_step(ours, x, grad)), repeats=20)
+    row["ours_no_replay_step_us"] = time_eager_us(switched_off(training_step(ours, x, grad), step_graphs, "ENABLED"),
+                                                  repeats=20)
     row["eager_step_with_update_us"] = time_eager_us(step_after_update(block), repeats=20)
     row["ours_step_with_update_us"] = time_eager_us(step_after_update(ours), repeats=20)
+    row["eager_torch_graphed_step_us"] = torch_graphed_step_us(block, x, grad)
     row["speedup"] = row["eager_step_us"] / row["ours_step_us"]
+    row["speedup_no_replay"] = row["eager_step_us"] / row["ours_no_replay_step_us"]
     row["speedup_with_update"] = row["eager_step_with_update_us"] / row["ours_step_with_update_us"]
     print(f"[train seed] eager {row['eager_step_us']:.0f} us, ours {row['ours_step_us']:.0f} us "
-          f"({row['speedup']:.2f}x); with master update: eager {row['eager_step_with_update_us']:.0f}, "
-          f"ours {row['ours_step_with_update_us']:.0f} ({row['speedup_with_update']:.2f}x)", flush=True)
+          f"({row['speedup']:.2f}x; without step graphs {row['ours_no_replay_step_us']:.0f}); with master update: "
+          f"eager {row['eager_step_with_update_us']:.0f}, ours {row['ours_step_with_update_us']:.0f} "
+          f"({row['speedup_with_update']:.2f}x); eager under torch.cuda.make_graphed_callables "
+          f"{row['eager_torch_graphed_step_us']:.0f}", flush=True)
     return row
 
 
@@ -207,7 +220,10 @@ def candidate_config(candidate: tuple) -> "geglu.GemmConfig":
     return geglu.GemmConfig(bm, bn, bk, warps, stages, split_k=split, swap_ab="swap" in rest)
 
 
-def sweep(shape_name, m, d, ff):
+DEPENDENT_LAUNCH_MODES = ("none", "after_stores", "at_start")
+
+
+def sweep(shape_name, m, d, ff, kinds=("gate_up", "down", "dependent_launch")):
     block, x = make_problem(m, d, ff)
     block = block.to(torch.bfloat16)
     ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps = op_args(block)
@@ -221,20 +237,24 @@ def sweep(shape_name, m, d, ff):
         fwg, fwu, fold = gate_up_weights
         return lambda: geglu._forward_kernels(x, ln_w, ln_b, fwg, bg, fwu, bu, wd, bd, eps, "none", False,
                                               (gu_cfg, down_cfg), fold=fold)
-    results = {"gate_up": [], "down": []}
-    for kind in ("gate_up", "down"):
-        for cand in SWEEP[shape_name][kind]:
-            cfg = candidate_config(cand)
+    results = {kind: [] for kind in kinds}
+    for kind in kinds:
+        # "dependent_launch": the table's tiles, each way of launching the down kernel (GemmConfig.dependent_launch)
+        candidates = (SWEEP[shape_name][kind] if kind != "dependent_launch" else
+                      [dataclasses.replace(base_gu, dependent_launch=mode) for mode in DEPENDENT_LAUNCH_MODES])
+        for cand in candidates:
+            cfg = candidate_config(cand) if kind != "dependent_launch" else cand
             # Timed as the op would run it: blocks fitted to the problem (M = 32 at decode, say).
-            run_cfg = cfg.fitted(m, ff, d) if kind == "gate_up" else cfg.fitted(m, d, ff)
-            cfgs = (run_cfg, base_down) if kind == "gate_up" else (base_gu, run_cfg)
+            run_cfg = cfg.fitted(m, d, ff) if kind == "down" else cfg.fitted(m, ff, d)
+            cfgs = (base_gu, run_cfg) if kind == "down" else (run_cfg, base_down)
             try:
                 us = graph_time_us(run(*cfgs), calls_per_replay=CALLS_PER_REPLAY, repeats=15)
             except Exception as e:  # e.g. out of shared memory: report and go on
                 us = None
                 print(f"  {kind} {cand}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
             results[kind].append({"config": dataclasses.asdict(cfg), "forward_us": us})
-            print(f"  [{shape_name}] {kind} {cand}: {us}", flush=True)
+            print(f"  [{shape_name}] {kind} {cand if kind != 'dependent_launch' else cfg.dependent_launch}: {us}",
+                  flush=True)
     return results
 
 
@@ -256,6 +276,33 @@ def compiled_kernels_report():
     return lines
 
 
+
+def captured(step):
+    """`step` after the calls that make the op capture its step graphs, so that timing starts with replays."""
+    for _ in range(step_graphs.CAPTURE_AFTER + 1):
+        step()
+    torch.cuda.synchronize()
+    return step
+
+
+def torch_graphed_step_us(block, x, grad):
+    """The eager block's step under `torch.cuda.make_graphed_callables` (forward and backward graphs, autocast
+    without its weight cache, as torch requires): what graph replay alone does for PyTorch's own kernels."""
+    graphed_block = copy.deepcopy(block)
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            graphed = torch.cuda.make_graphed_callables(graphed_block, (x,))
+
+        def run():
+            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                y = graphed(x)
+            y.backward(grad)
+        return time_eager_us(run, repeats=20)
+    except Exception as e:  # a peer measurement: reported as missing, not fatal to the run
+        print(f"[train seed] torch.cuda.make_graphed_callables failed: {type(e).__name__}: {e}", flush=True)
+        return float("nan")
+
+
 def training_step(model, x, grad):
     """One forward + backward as the training benchmark and the peers file run it."""
     def run():
@@ -270,7 +317,7 @@ PROFILE_STEPS = 20
 
 def profile_cases(names):
     """{case: profile_per_step(...)}: inference per shape (ours and the bf16 eager block, no grad, launched from
-    Python) and the seed-shape training step (ours and eager)."""
+    Python) and the seed-shape training step (ours replayed and not, and eager)."""
     cases = {}
     for name in names:
         block_bf16, x, args = inference_problem(*SHAPES[name])
@@ -281,8 +328,11 @@ def profile_cases(names):
     block, x = make_problem(*SHAPES["seed"])
     x.requires_grad_()
     grad = torch.randn_like(x)
-    cases["training step, seed: ours"] = profile_per_step(
-        training_step(sk.nn.PreNormGEGLUFFN.from_module(block), x, grad), steps=PROFILE_STEPS)
+    ours = sk.nn.PreNormGEGLUFFN.from_module(block)
+    cases["training step, seed: ours"] = profile_per_step(captured(training_step(ours, x, grad)),
+                                                          steps=PROFILE_STEPS)
+    cases["training step, seed: ours, no replay"] = profile_per_step(
+        switched_off(training_step(ours, x, grad), step_graphs, "ENABLED"), steps=PROFILE_STEPS)
     cases["training step, seed: eager"] = profile_per_step(training_step(block, x, grad), steps=PROFILE_STEPS)
     return cases
 
@@ -312,25 +362,29 @@ def to_markdown(meta, rows, train):
     lines = [f"# Pre-norm GEGLU block, bf16, {meta['gpu']}", "",
              f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}. µs per call, median; `graph` = "
              f"{CALLS_PER_REPLAY} calls captured in one CUDA graph; `eager launch` = launched from Python.", "",
-             "| M × D → FF | ours (graph) | ours, LN not folded (graph) | ours (eager launch) | eager "
-             "| eager in graph | max-autotune in graph | best PyTorch / ours | rel. err ours "
+             "| M × D → FF | ours (graph) | ours, LN not folded (graph) | ours, no PDL (graph) | ours (eager launch) "
+             "| eager | eager in graph | max-autotune in graph | best PyTorch / ours | rel. err ours "
              "| rel. err ours, not folded | rel. err eager bf16 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         maxat = f"{r['maxat_graph_us']:.1f}" if "maxat_graph_us" in r else "not run"
         lines.append(
             f"| {r['M']} × {r['D']} → {r['FF']} | {r['ours_graph_us']:.1f} | {r['ours_unfolded_graph_us']:.1f} "
-            f"| {r['ours_eager_us']:.1f} | {r['eager_us']:.1f} | {r['eager_graph_us']:.1f} | {maxat} "
+            f"| {r['ours_no_pdl_graph_us']:.1f} | {r['ours_eager_us']:.1f} | {r['eager_us']:.1f} | {r['eager_graph_us']:.1f} | {maxat} "
             f"| {r['speedup_vs_best_measured']:.2f}× | {r['rel_err_ours_vs_fp64']:.1e} "
             f"| {r['rel_err_ours_unfolded_vs_fp64']:.1e} | {r['rel_err_eager_bf16_vs_fp64']:.1e} |")
     if train:
-        lines += ["", "Training step (forward + backward), FP32 masters, bf16 input, CUDA bf16 autocast, µs per step:",
-                  "", "| M × D → FF | eager | ours | speedup | eager, masters updated each step | ours, same "
-                  "| speedup |", "|---|---|---|---|---|---|---|",
-                  f"| {train['M']} × {train['D']} → {train['FF']} | {train['eager_step_us']:.0f} "
-                  f"| {train['ours_step_us']:.0f} | {train['speedup']:.2f}× "
-                  f"| {train['eager_step_with_update_us']:.0f} "
-                  f"| {train['ours_step_with_update_us']:.0f} | {train['speedup_with_update']:.2f}× |"]
+        t = train
+        lines += ["", "Training step (forward + backward), FP32 masters, bf16 input, CUDA bf16 autocast, µs per step "
+                  "(`ours` replays the step from CUDA graphs after two eager calls, `sk/ops/_step_graphs.py`; "
+                  "`no replay`: `SK_STEP_GRAPHS=0`):", "",
+                  "| M × D → FF | eager | ours | speedup | ours, no replay | speedup "
+                  "| eager, masters updated each step | ours, same | speedup "
+                  "| eager under torch.cuda.make_graphed_callables |", "|---|---|---|---|---|---|---|---|---|---|",
+                  f"| {t['M']} × {t['D']} → {t['FF']} | {t['eager_step_us']:.0f} | {t['ours_step_us']:.0f} "
+                  f"| {t['speedup']:.2f}× | {t['ours_no_replay_step_us']:.0f} | {t['speedup_no_replay']:.2f}× "
+                  f"| {t['eager_step_with_update_us']:.0f} | {t['ours_step_with_update_us']:.0f} "
+                  f"| {t['speedup_with_update']:.2f}× | {t['eager_torch_graphed_step_us']:.0f} |"]
     return "\n".join(lines) + "\n"
 
 
@@ -339,6 +393,8 @@ def main(argv=None):
     parser.add_argument("out_dir")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile max-autotune (slow)")
     parser.add_argument("--sweep", action="store_true", help="also time candidate tile configs")
+    parser.add_argument("--sweep-kinds", default="gate_up,down,dependent_launch",
+                        help="what --sweep varies: gate/up tiles, down tiles, the down kernel's dependent launch")
     parser.add_argument("--use-sweep-best", action="store_true",
                         help="benchmark with this run's fastest swept configs (to copy into the op's tables)")
     parser.add_argument("--shapes", default="seed,decode,prefill")
@@ -350,7 +406,7 @@ def main(argv=None):
     meta = environment()
     names = args.shapes.split(",")
     if args.sweep:
-        found = {n: sweep(n, *SHAPES[n]) for n in names}
+        found = {n: sweep(n, *SHAPES[n], kinds=args.sweep_kinds.split(",")) for n in names}
         with open(os.path.join(args.out_dir, "bench_geglu_sweep.json"), "w") as f:
             json.dump({"meta": meta, "sweep": found, "kernels": compiled_kernels_report()}, f, indent=1)
         for name, result in found.items():
@@ -361,8 +417,13 @@ def main(argv=None):
                 best = min(timed, key=lambda r: r["forward_us"])
                 print(f"sweep best [{name}] {kind}: {best}", flush=True)
                 if args.use_sweep_best:
-                    table = geglu.GATE_UP_CONFIGS if kind == "gate_up" else geglu.DOWN_CONFIGS
-                    table[geglu.shape_class(*SHAPES[name])] = geglu.GemmConfig(**best["config"])
+                    table = geglu.DOWN_CONFIGS if kind == "down" else geglu.GATE_UP_CONFIGS
+                    cls = geglu.shape_class(*SHAPES[name])
+                    best_cfg = geglu.GemmConfig(**best["config"])
+                    # Tiles and launch mode are swept apart: each kind replaces only what it varied.
+                    table[cls] = (dataclasses.replace(table[cls], dependent_launch=best_cfg.dependent_launch)
+                                  if kind == "dependent_launch" else
+                                  dataclasses.replace(best_cfg, dependent_launch=table[cls].dependent_launch))
                     geglu.choose_configs.cache_clear()
         meta["configs"] = {"gate_up": {k: dataclasses.asdict(v) for k, v in geglu.GATE_UP_CONFIGS.items()},
                            "down": {k: dataclasses.asdict(v) for k, v in geglu.DOWN_CONFIGS.items()}}

@@ -46,14 +46,15 @@ def compile_kernel(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool
                      "ff": "i32"}
         constexprs = dict(FF_ALIGN=geglu._align(ff), K_BLOCKS=geglu._cdiv(d, c.block_k), FOLD_LN=fold,
                           HAS_LN_BIAS=True, HAS_GATE_BIAS=True, HAS_UP_BIAS=True, STORE_PREACT=not fold,
-                          APPROX_TANH=False, SWAP_AB=c.swap_ab and fold)
+                          APPROX_TANH=False, SWAP_AB=c.swap_ab and fold, PDL=c.dependent_launch != "none",
+                          DOWN_AT_START=c.dependent_launch == "at_start")
     else:
         fn = geglu._down_kernel
         signature = {"h_desc": _desc(c.block_m, c.block_k), "wd_desc": _desc(c.block_n, c.block_k),
                      "bd_ptr": "*fp32", "x_desc": _desc(c.block_m, c.block_n), "y_desc": _desc(c.block_m, c.block_n),
                      "partial_ptr": "*fp32", "arrivals_ptr": "*i32", "n_rows": "i32", "d": "i32"}
         constexprs = dict(K_BLOCKS_PER_SPLIT=geglu._cdiv(geglu._cdiv(ff, c.block_k), c.split_k), HAS_BIAS=True,
-                          SPLIT_K=c.split_k, SWAP_AB=c.swap_ab)
+                          SPLIT_K=c.split_k, SWAP_AB=c.swap_ab, PDL=True)  # as launched after a dependent-launch gate/up
     constexprs.update(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=SM90,
                           options={"num_warps": c.num_warps, "num_stages": c.num_stages})
@@ -70,7 +71,9 @@ def resource_usage(kernel) -> str:
 
 def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool = False) -> str:
     kernel = compile_kernel(kind, c, d, ff, fold)
-    return f"shared={kernel.metadata.shared} {resource_usage(kernel)} wgmma={'wgmma' in kernel.asm['ptx']}"
+    ptx = kernel.asm["ptx"]
+    return (f"shared={kernel.metadata.shared} {resource_usage(kernel)} wgmma={'wgmma' in ptx} "
+            f"griddepcontrol.wait={'griddepcontrol.wait' in ptx}")
 
 
 def ln_backward_report(m: int, d: int) -> str:

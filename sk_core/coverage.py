@@ -6,6 +6,7 @@ instead. `write_report(path)` writes what was recorded, for attaching to a reque
 
 Decisions and records happen inside the custom ops' eager implementations, so they run on every call, also
 under `torch.compile`; under CUDA-graph replay no Python runs, so a captured call is counted once, at capture.
+(An op replaying its own training-step graphs, `sk/ops/_step_graphs.py`, counts each replay instead.)
 """
 from __future__ import annotations
 
@@ -96,6 +97,24 @@ def is_strict() -> bool:
 _lock = threading.Lock()
 _kernel_calls: Counter = Counter()
 _fallbacks: Counter = Counter()
+_counting = contextvars.ContextVar("sk_counting", default=True)
+
+
+@contextlib.contextmanager
+def uncounted() -> Iterator[None]:
+    """Kernel calls made within are not counted: runs that are not a caller's call (a warm-up, a capture)."""
+    token = _counting.set(False)
+    try:
+        yield
+    finally:
+        _counting.reset(token)
+
+
+def count_kernel_call(op: str) -> None:
+    """Count one kernel call of `op` that ran without `decide` (a replay of a graph the op captured itself)."""
+    if _counting.get():
+        with _lock:
+            _kernel_calls[op] += 1
 
 
 @functools.cache
@@ -149,8 +168,7 @@ def decide(op: str, tensors: Sequence[torch.Tensor], *, shape_miss: str | None =
     """
     reason = miss_reason(op, tensors[0], shape_miss=shape_miss, backward=backward)
     if reason is None:
-        with _lock:
-            _kernel_calls[op] += 1
+        count_kernel_call(op)
         return True
     record_fallback(op, tensors, reason)
     return False

@@ -519,3 +519,35 @@ def test_gpu_split_k_is_deterministic_across_calls_and_graph_replays():
             graph.replay()
             assert torch.equal(out, first)
     assert rel_err(first, fp64_block(x, *params)) < TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,d,ff", [(1, 768, 1448), (32, 2048, 16384), (1000, 768, 1448), (4096, 2048, 8192)])
+@pytest.mark.parametrize("training", [False, True])
+def test_gpu_dependent_launch_gives_the_stream_order_bits(m, d, ff, training, monkeypatch):
+    """With programmatic dependent launch each kernel starts before the one it depends on has finished; a read
+    before its gdc_wait would see stale statistics, h or arrival counters. Many back-to-back calls in one graph,
+    each into its own buffers (reused by later calls, as a real graph's pool does), must give the bits of calls
+    launched in plain stream order."""
+    params = make_params(d, ff, device="cuda", dtype=torch.float32 if training else torch.bfloat16)
+    xs = [make_x(m, d, torch.bfloat16, "cuda", seed=i) for i in range(4)]
+
+    def calls():
+        with torch.no_grad() if not training else torch.enable_grad():
+            return [sk.ops.fused_pre_norm_geglu(x.requires_grad_(training), *params, EPS).detach() for x in xs * 5]
+
+    monkeypatch.setattr(importlib.import_module("sk.ops._step_graphs"), "ENABLED", False)  # every call launches
+    monkeypatch.setattr(geglu, "PDL", False)
+    want = calls()
+    monkeypatch.setattr(geglu, "PDL", True)
+    calls()  # compiles the PDL variants before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = calls()
+    for _ in range(3):
+        for out in got:
+            out.fill_(float("nan"))
+        graph.replay()
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), f"call {i}"
+    assert all(torch.equal(a, b) for a, b in zip(calls(), want))  # and launched eagerly

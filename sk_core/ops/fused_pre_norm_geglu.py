@@ -25,12 +25,18 @@ once to the activation dtype, as eager's LayerNorm output is; inference rounds �
 precision projection weights are cast to the activation dtype once and cached until they change
 (`compute_weight`, `_folded_gate_up`).
 
+The gate/up and down kernels use programmatic dependent launch (`PDL`): each starts while the one before it
+finishes, and waits for it only where it reads that kernel's output.
+
 Backward: one Triton kernel for the GEGLU derivative (and h, recomputed rather than stored), one for the
 LayerNorm backward with the residual's gradient added (and partial sums of the LayerNorm weight and bias
 grads); dgrad and wgrad are cuBLAS GEMMs.
 
 Eager calls run the kernels through an autograd.Function (`_EagerFunction`); torch.compile and other
 tracing go through the `torch.library` custom ops (with fake implementations), which run the same code.
+Eager training steps that repeat (same shapes, same parameters) are replayed from CUDA graphs of the forward
+and the backward once seen twice (`sk/ops/_step_graphs.py`; `SK_STEP_GRAPHS=0` turns it off): at the seed
+shape the step is otherwise bound by the host's launch work.
 """
 from __future__ import annotations
 
@@ -43,11 +49,13 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from sk import coverage
 from sk.ops._common import FLOAT_DTYPES, check_float, check_same_device
+from sk.ops._step_graphs import StepGraphs
 
 OP = "fused_pre_norm_geglu"
 _SQRT_HALF = tl.constexpr(0.7071067811865476)  # globals a Triton kernel reads must be constexpr
@@ -85,8 +93,11 @@ def _tile_coords(pid, num_m, num_n, GROUP_M: tl.constexpr):
 def _ln_stats_kernel(
     x_ptr, stats_ptr, ln_w_ptr, ln_b_ptr, xn_ptr, arrivals_ptr, n_rows, d, eps, n_arrivals,
     D_ALIGN: tl.constexpr, HAS_LN_BIAS: tl.constexpr, STORE_XN: tl.constexpr, ARRIVALS_BLOCK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    # PDL: the gate/up kernel may launch now (programmatic dependent launch; see `PDL`).
+    if PDL:
+        gdc_launch_dependents()
     # stats is [2, n_rows] fp32: mean, then 1/std. A whole row sits in registers: two exact passes.
     # ARRIVALS_BLOCK > 0: the split-K down projection's per-tile arrival counters, zeroed here by the first
     # program (they are few: one per output tile at decode), which saves a memset launch before the GEMMs.
@@ -119,8 +130,8 @@ def _gate_up_kernel(
     n_rows, d, ff,
     FF_ALIGN: tl.constexpr, K_BLOCKS: tl.constexpr, FOLD_LN: tl.constexpr,
     HAS_LN_BIAS: tl.constexpr, HAS_GATE_BIAS: tl.constexpr, HAS_UP_BIAS: tl.constexpr,
-    STORE_PREACT: tl.constexpr, APPROX_TANH: tl.constexpr, SWAP_AB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    STORE_PREACT: tl.constexpr, APPROX_TANH: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr,
+    DOWN_AT_START: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # Operand tiles arrive through TMA descriptors, which zero-fill past the edges: rows past n_rows and
     # columns past d_ff are never stored, and k past d_model meets zero weights, so the loop needs no masks.
@@ -131,14 +142,22 @@ def _gate_up_kernel(
     # Otherwise the prologue normalizes each x tile. Either way the statistics come from stats_ptr.
     # SWAP_AB (folded only; decode): the products run transposed, W·xᵀ, so that the weight tile's rows fill
     # wgmma's 64-row side and the few token rows its narrow side (a tile of < 64 rows otherwise runs mma.sync).
+    # PDL: launched while the statistics kernel runs; x and the weights are older than that kernel, the
+    # statistics are read after gdc_wait (with the fold, only in the epilogue: the whole GEMM overlaps it).
+    # The down kernel may launch once every program has started (DOWN_AT_START) or has stored its tile.
+    if PDL and DOWN_AT_START:
+        gdc_launch_dependents()
+    if PDL and not FOLD_LN:
+        gdc_wait()
     ff_stride = ff // FF_ALIGN * FF_ALIGN  # == ff, written so the compiler knows its alignment (wide stores)
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.cdiv(ff, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = offs_m < n_rows
     col_ok = offs_n < ff
-    mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)[:, None]
-    rstd = tl.load(stats_ptr + n_rows + offs_m, mask=row_ok, other=0.0)[:, None]
+    if not FOLD_LN:  # the prologue normalizes with them; the fold needs them only in the epilogue
+        mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)[:, None]
+        rstd = tl.load(stats_ptr + n_rows + offs_m, mask=row_ok, other=0.0)[:, None]
     acc_g = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     # Loop counts are compile-time (d_model and d_ff are model constants; a run-time bound breaks Triton's
@@ -167,6 +186,10 @@ def _gate_up_kernel(
         acc_g = acc_g.T
         acc_u = acc_u.T
     if FOLD_LN:
+        if PDL:
+            gdc_wait()
+        mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)[:, None]
+        rstd = tl.load(stats_ptr + n_rows + offs_m, mask=row_ok, other=0.0)[:, None]
         # x @ (γ⊙W)ᵀ − μ·Σ_k(γ⊙W) = (x − μ) @ (γ⊙W)ᵀ; then · rstd, + (W·β + b). fold is fp32 [2, 2·ff].
         acc_g = rstd * (acc_g - mean * tl.load(fold_ptr + offs_n, mask=col_ok, other=0.0)[None, :])
         acc_u = rstd * (acc_u - mean * tl.load(fold_ptr + ff + offs_n, mask=col_ok, other=0.0)[None, :])
@@ -186,6 +209,8 @@ def _gate_up_kernel(
         gu_ptrs = gu_ptr + out_rows * (2 * ff_stride) + out_cols
         tl.store(gu_ptrs, acc_g.to(gu_ptr.dtype.element_ty), mask=mask)
         tl.store(gu_ptrs + ff_stride, acc_u.to(gu_ptr.dtype.element_ty), mask=mask)
+    if PDL and not DOWN_AT_START:
+        gdc_launch_dependents()
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -193,10 +218,14 @@ def _down_kernel(
     h_desc, wd_desc, bd_ptr, x_desc, y_desc, partial_ptr, arrivals_ptr,
     n_rows, d,
     K_BLOCKS_PER_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # TMA zero-fills past every edge, K included (a split whose blocks run past d_ff adds zeros), and clips
     # the stores: no masks, and no per-element addresses held in registers through the epilogue.
+    # PDL: launched while the gate/up kernel finishes; everything it reads or writes waits for that kernel
+    # (which itself waited for the statistics kernel, which zeroed the arrival counters).
+    if PDL:
+        gdc_wait()
     tile = tl.program_id(0)
     pid_m, pid_n = _tile_coords(tile, tl.cdiv(n_rows, BLOCK_M), tl.cdiv(d, BLOCK_N), GROUP_M)
     # SWAP_AB: as in the gate/up kernel, W·hᵀ for few rows (wgmma's 64-row side taken by the weight tile).
@@ -315,6 +344,9 @@ class GemmConfig:
     group_m: int = 8
     split_k: int = 1
     swap_ab: bool = False  # W·xᵀ rather than x·Wᵀ, for tiles of fewer than 64 rows (gate/up: inference only)
+    # Gate/up only (see `PDL`): "none" (plain stream order), "after_stores" (the down kernel launches as the
+    # gate/up programs finish) or "at_start" (once every gate/up program has started; its programs then wait).
+    dependent_launch: str = "none"
 
     def fitted(self, m: int, n: int, k: int) -> "GemmConfig":
         """The same config with blocks no larger than the problem (16 is tl.dot's smallest side), swapped only
@@ -332,10 +364,16 @@ class GemmConfig:
 # tiles, so that the seed shape's 368 gate/up and 96 down programs are all resident at once; decode's swap from
 # .../second-run/decode-swap/bench_geglu_sweep.json, one run, 0.3-0.6 µs of ~61 per kernel); no autotuning at
 # call time, so every call (and CUDA-graph capture) launches an already-chosen kernel. Decode splits the down
-# projection's K so that its few output tiles still spread over the GPU.
+# projection's K so that its few output tiles still spread over the GPU. The dependent launch per class from
+# the sweep in results/h200/geglu/2026-11-30/third-run/ (µs per forward in a graph, none / after_stores /
+# at_start): decode 59.2 / 58.3 / 57.6, seed 32.7 / 32.3 / 45.4 (launched at gate/up's start, the down
+# programs take SM slots that gate/up's own programs are waiting for), prefill 2824 / 2815 / 2806 (within
+# the run-to-run spread there: left in plain stream order).
 GATE_UP_CONFIGS = {
-    "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4, swap_ab=True),
-    "small": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3),
+    "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4, swap_ab=True,
+                         dependent_launch="at_start"),
+    "small": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3,
+                        dependent_launch="after_stores"),
     "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
 }
 # Training's gate/up kernel (prologue normalization, pre-activations stored) needs more registers: at the seed
@@ -343,7 +381,8 @@ GATE_UP_CONFIGS = {
 # not yet timed). At "large", 128 × 128 spills 240 bytes either way; 128 × 64 does not (to be swept).
 TRAINING_GATE_UP_CONFIGS = {
     **GATE_UP_CONFIGS,
-    "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3),
+    "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3,
+                        dependent_launch="after_stores"),
 }
 DOWN_CONFIGS = {
     "decode": GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=8, swap_ab=True),
@@ -492,6 +531,12 @@ def _fold(ln_w, ln_b, wg, bg, wu, bu, dtype):
 # ----------------------------------------------------------------------------------------------- launchers
 
 CHECK_DESCRIPTORS = coverage.TRITON_INTERPRET  # see _descriptor
+# Programmatic dependent launch (Hopper), where the gate/up config's `dependent_launch` asks for it: the gate/up
+# and down kernels are launched while the kernel before them still runs, so that their launch and set-up (and,
+# with the fold, gate/up's whole GEMM) overlap it; each waits (gdc_wait) before touching what that kernel
+# writes. The statistics kernel starts in stream order, after everything before the op (so nothing of the op
+# overlaps the caller's kernels). Not in the interpreter (no inline PTX); SK_GEGLU_PDL=0 turns it off.
+PDL = os.environ.get("SK_GEGLU_PDL", "1") == "1" and not coverage.TRITON_INTERPRET
 
 
 def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
@@ -521,6 +566,7 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     if m == 0:
         return y, stats, xn, gu
     gate_up, down = configs or choose_configs(m, d, ff, save_for_backward)
+    pdl = PDL and gate_up.dependent_launch != "none"
     d_align, ff_align = _align(d), _align(ff)
     approx_tanh = approximate == "tanh"
     tiles = _cdiv(m, down.block_m) * _cdiv(d, down.block_n)
@@ -536,7 +582,7 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     _ln_stats_kernel[(_cdiv(m, rows_per_program),)](
         x2, stats, ln_w, ln_b, xn, arrivals, m, d, eps, tiles,
         D_ALIGN=d_align, HAS_LN_BIAS=ln_b is not None, STORE_XN=save_for_backward,
-        ARRIVALS_BLOCK=max(16, _next_power_of_2(tiles)) if down.split_k > 1 else 0,
+        ARRIVALS_BLOCK=max(16, _next_power_of_2(tiles)) if down.split_k > 1 else 0, PDL=pdl,
         BLOCK_M=rows_per_program, BLOCK_D=block_d,
         num_warps=min(16, max(1, rows_per_program * block_d // 512)),
     )
@@ -550,9 +596,10 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
         fold if fold is not None else stats, h, gu, m, d, ff,  # stats: unread without FOLD_LN
         FF_ALIGN=ff_align, K_BLOCKS=_cdiv(d, c.block_k), FOLD_LN=fold is not None,
         HAS_LN_BIAS=ln_b is not None, HAS_GATE_BIAS=bg is not None, HAS_UP_BIAS=bu is not None,
-        STORE_PREACT=save_for_backward, APPROX_TANH=approx_tanh, SWAP_AB=c.swap_ab and fold is not None,
+        STORE_PREACT=save_for_backward, APPROX_TANH=approx_tanh, SWAP_AB=c.swap_ab and fold is not None, PDL=pdl,
+        DOWN_AT_START=c.dependent_launch == "at_start",
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
-        num_warps=c.num_warps, num_stages=c.num_stages,
+        num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl,
     )
 
     c = down
@@ -560,9 +607,9 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
         tma(h, [c.block_m, c.block_k]), tma(wd, [c.block_n, c.block_k]), bd,
         tma(x2, [c.block_m, c.block_n]), tma(y, [c.block_m, c.block_n]), partial, arrivals, m, d,
         K_BLOCKS_PER_SPLIT=_cdiv(_cdiv(ff, c.block_k), c.split_k), HAS_BIAS=bd is not None, SPLIT_K=c.split_k,
-        SWAP_AB=c.swap_ab,
+        SWAP_AB=c.swap_ab, PDL=pdl,
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
-        num_warps=c.num_warps, num_stages=c.num_stages,
+        num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl,
     )
     return y, stats, xn, gu
 
@@ -801,20 +848,41 @@ def _backward(ctx, dy, *_):
 _fused_pre_norm_geglu_op.register_autograd(_backward, setup_context=_setup_op_context)
 
 
+_step_graphs = StepGraphs(OP, _forward, _setup_context, _backward)
+# Training steps are replayed from CUDA graphs (see `_step_graphs.py`) up to this much work, m·d_model·d_ff:
+# there the host's launch cost (~0.3-2 ms a step) is above the kernels' time (18·m·d·ff FLOP, ~0.1 ms at 2^32)
+# and a slot's buffers stay small (~100 MB at 2^32); beyond it a step is GPU-bound and replay would gain nothing.
+STEP_GRAPH_MAX_WORK = 2 ** 32
+
+
 class _EagerFunction(torch.autograd.Function):
     """The same forward and backward as the custom op, for eager calls: the custom op's dispatch (schema
     checks, its own autograd wrapper, four outputs through the dispatcher) cost more host time than the
-    kernels take on the GPU at the seed shape. torch.compile, fake tensors and functorch take the custom op."""
+    kernels take on the GPU at the seed shape. torch.compile, fake tensors and functorch take the custom op.
+    Repeated small CUDA calls replay their step from CUDA graphs (`_step_graphs`)."""
 
     @staticmethod
     def forward(ctx, *inputs):
+        if _replayable(*inputs):
+            y = _step_graphs.forward(ctx, inputs)
+            if y is not None:
+                return y
         output = _forward(*inputs)
         _setup_context(ctx, inputs, output)
         return output[0]
 
     @staticmethod
     def backward(ctx, dy):
-        return _backward(ctx, dy)
+        return _step_graphs.backward(ctx, dy) if StepGraphs.replays(ctx) else _backward(ctx, dy)
+
+
+def _replayable(x, ln_weight, ln_bias, gate_weight, *rest) -> bool:
+    """A CUDA call the kernels cover (checked without recording it), small enough to gain from replay."""
+    m, d = x.shape
+    ff = gate_weight.shape[0]
+    return (x.is_cuda and 0 < m * d * ff <= STEP_GRAPH_MAX_WORK
+            and coverage.miss_reason(OP, x, shape_miss=_shape_miss(d, ff)) is None
+            and coverage.miss_reason(OP, x, shape_miss=_shape_miss(d, ff), backward=True) is None)
 
 
 def _eager(x: torch.Tensor) -> bool:
