@@ -170,7 +170,12 @@ def bench_training(m, d, ff):
 
     row = {"shape": "seed", "M": m, "D": d, "FF": ff}
     row["eager_step_us"] = time_eager_us(training_step(block, x, grad), repeats=20)
-    row["ours_step_us"] = time_eager_us(captured(training_step(ours, x, grad)), repeats=20)
+    torch.cuda.empty_cache()
+    reserved = torch.cuda.memory_reserved()
+    ours_step = captured(training_step(ours, x, grad))
+    torch.cuda.empty_cache()  # what is still reserved now, the captured step holds (its slot and graphs' pool)
+    row["step_graph_mib"] = (torch.cuda.memory_reserved() - reserved) / 2**20
+    row["ours_step_us"] = time_eager_us(ours_step, repeats=20)
     row["ours_no_replay_step_us"] = time_eager_us(switched_off(training_step(ours, x, grad), step_graphs, "ENABLED"),
                                                   repeats=20)
     row["eager_step_with_update_us"] = time_eager_us(step_after_update(block), repeats=20)
@@ -183,7 +188,8 @@ def bench_training(m, d, ff):
           f"({row['speedup']:.2f}x; without step graphs {row['ours_no_replay_step_us']:.0f}); with master update: "
           f"eager {row['eager_step_with_update_us']:.0f}, ours {row['ours_step_with_update_us']:.0f} "
           f"({row['speedup_with_update']:.2f}x); eager under torch.cuda.make_graphed_callables "
-          f"{row['eager_torch_graphed_step_us']:.0f}", flush=True)
+          f"{row['eager_torch_graphed_step_us']:.0f}; memory held by the captured step {row['step_graph_mib']:.0f} MiB",
+          flush=True)
     return row
 
 
@@ -195,7 +201,8 @@ def bench_training(m, d, ff):
 SWEEP = {
     "seed": {
         "gate_up": [(128, 64, 64, 4, 3), (64, 64, 64, 4, 4), (128, 64, 64, 4, 4), (128, 64, 64, 8, 3),
-                    (128, 64, 32, 4, 5), (64, 64, 64, 4, 3), (128, 32, 64, 4, 4)],
+                    (128, 64, 32, 4, 5), (64, 64, 64, 4, 3), (128, 32, 64, 4, 4), (64, 128, 64, 4, 3),
+                    (64, 32, 64, 4, 4), (128, 128, 64, 8, 3)],
         "down": [(64, 64, 64, 4, 3, 1), (64, 64, 64, 4, 4, 1), (64, 128, 64, 4, 3, 1), (64, 128, 64, 8, 3, 1),
                  (128, 64, 64, 4, 3, 1), (128, 64, 64, 8, 3, 1), (64, 64, 128, 4, 3, 1), (128, 128, 64, 8, 3, 1),
                  (128, 64, 64, 4, 3, 2)],
@@ -207,7 +214,8 @@ SWEEP = {
                  (32, 64, 128, 4, 4, 4, "swap"), (32, 128, 128, 4, 4, 8, "swap"), (32, 64, 64, 4, 6, 8, "swap")],
     },
     "prefill": {
-        "gate_up": [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 32, 8, 5), (128, 64, 64, 8, 4)],
+        "gate_up": [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 32, 8, 5), (128, 64, 64, 8, 4),
+                    (128, 64, 64, 8, 3)],
         "down": [(128, 256, 64, 8, 3, 1), (128, 128, 64, 8, 3, 1), (128, 128, 64, 8, 4, 1), (128, 64, 128, 4, 3, 1)],
     },
 }
@@ -231,7 +239,7 @@ def sweep(shape_name, m, d, ff, kinds=("gate_up", "down", "dependent_launch")):
 
     # As inference runs the op: the LayerNorm scale folded into the gate/up weights (unless SK_GEGLU_FOLD_LN=0).
     folded = geglu._folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, x.dtype) if geglu.FOLD_LN else None
-    gate_up_weights = (wg, wu, None) if folded is None else folded
+    gate_up_weights = (wg, wu, None) if folded is None else (folded[0], None, folded[1])
 
     def run(gu_cfg, down_cfg):
         fwg, fwu, fold = gate_up_weights
@@ -362,22 +370,24 @@ def to_markdown(meta, rows, train):
     lines = [f"# Pre-norm GEGLU block, bf16, {meta['gpu']}", "",
              f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}. µs per call, median; `graph` = "
              f"{CALLS_PER_REPLAY} calls captured in one CUDA graph; `eager launch` = launched from Python.", "",
-             "| M × D → FF | ours (graph) | ours, LN not folded (graph) | ours, no PDL (graph) | ours (eager launch) "
-             "| eager | eager in graph | max-autotune in graph | best PyTorch / ours | rel. err ours "
+             "| M × D → FF | ours (graph) | ours, LN not folded (graph) | ours, no PDL (graph) "
+             "| ours (eager launch) | eager | eager in graph | max-autotune in graph | best PyTorch / ours | rel. err ours "
              "| rel. err ours, not folded | rel. err eager bf16 |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         maxat = f"{r['maxat_graph_us']:.1f}" if "maxat_graph_us" in r else "not run"
         lines.append(
             f"| {r['M']} × {r['D']} → {r['FF']} | {r['ours_graph_us']:.1f} | {r['ours_unfolded_graph_us']:.1f} "
-            f"| {r['ours_no_pdl_graph_us']:.1f} | {r['ours_eager_us']:.1f} | {r['eager_us']:.1f} | {r['eager_graph_us']:.1f} | {maxat} "
+            f"| {r['ours_no_pdl_graph_us']:.1f} | {r['ours_eager_us']:.1f} | {r['eager_us']:.1f} "
+            f"| {r['eager_graph_us']:.1f} | {maxat} "
             f"| {r['speedup_vs_best_measured']:.2f}× | {r['rel_err_ours_vs_fp64']:.1e} "
             f"| {r['rel_err_ours_unfolded_vs_fp64']:.1e} | {r['rel_err_eager_bf16_vs_fp64']:.1e} |")
     if train:
         t = train
         lines += ["", "Training step (forward + backward), FP32 masters, bf16 input, CUDA bf16 autocast, µs per step "
-                  "(`ours` replays the step from CUDA graphs after two eager calls, `sk/ops/_step_graphs.py`; "
-                  "`no replay`: `SK_STEP_GRAPHS=0`):", "",
+                  "(`ours` replays the step from CUDA graphs after two eager calls, `sk/ops/_step_graphs.py`, "
+                  f"holding {t.get('step_graph_mib', float('nan')):.0f} MiB for it; `no replay`: `SK_STEP_GRAPHS=0`):",
+                  "",
                   "| M × D → FF | eager | ours | speedup | ours, no replay | speedup "
                   "| eager, masters updated each step | ours, same | speedup "
                   "| eager under torch.cuda.make_graphed_callables |", "|---|---|---|---|---|---|---|---|---|---|",

@@ -40,8 +40,8 @@ def compile_kernel(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool
     if kind == "gate_up":
         fn = geglu._gate_up_kernel
         signature = {"x_desc": _desc(c.block_m, c.block_k), "stats_ptr": "*fp32", "ln_w_ptr": "*fp32",
-                     "ln_b_ptr": "*fp32", "wg_desc": _desc(c.block_n, c.block_k),
-                     "wu_desc": _desc(c.block_n, c.block_k), "bg_ptr": "*fp32", "bu_ptr": "*fp32",
+                     "ln_b_ptr": "*fp32", "wg_desc": _desc(c.block_n * (2 if fold else 1), c.block_k),
+                     "wu_desc": _desc(c.block_n * (2 if fold else 1), c.block_k), "bg_ptr": "*fp32", "bu_ptr": "*fp32",
                      "fold_ptr": "*fp32", "h_ptr": "*bf16", "gu_ptr": "*bf16", "n_rows": "i32", "d": "i32",
                      "ff": "i32"}
         constexprs = dict(FF_ALIGN=geglu._align(ff), K_BLOCKS=geglu._cdiv(d, c.block_k), FOLD_LN=fold,
@@ -54,7 +54,7 @@ def compile_kernel(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool
                      "bd_ptr": "*fp32", "x_desc": _desc(c.block_m, c.block_n), "y_desc": _desc(c.block_m, c.block_n),
                      "partial_ptr": "*fp32", "arrivals_ptr": "*i32", "n_rows": "i32", "d": "i32"}
         constexprs = dict(K_BLOCKS_PER_SPLIT=geglu._cdiv(geglu._cdiv(ff, c.block_k), c.split_k), HAS_BIAS=True,
-                          SPLIT_K=c.split_k, SWAP_AB=c.swap_ab, PDL=True)  # as launched after a dependent-launch gate/up
+                          SPLIT_K=c.split_k, SWAP_AB=c.swap_ab, PDL=True)  # as after a dependent-launch gate/up
     constexprs.update(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=SM90,
                           options={"num_warps": c.num_warps, "num_stages": c.num_stages})

@@ -104,9 +104,9 @@ def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approxim
     args = list(params)
     folded = geglu._fold(*params[:6], dtype) if fold else None
     if fold:  # a rounding of γ⊙W instead of the normalized activation's: the same tolerances hold
-        args[2], args[4] = folded[:2]
+        args[2], args[4] = folded[0], None
     y, stats, xn, gu = geglu._forward_kernels(x, *args, EPS, approximate, not fold, configs,
-                                              fold=folded[2] if fold else None)
+                                              fold=folded[1] if fold else None)
     assert y.dtype == dtype and y.shape == (m, d)
     assert rel_err(y, fp64_block(x, *params, approximate=approximate)) < TOL[dtype]
     x64 = x.double()
@@ -151,8 +151,8 @@ def test_interpreted_inference_statistics_with_a_large_mean():
     m, d, ff = 7, 40, 56
     params = make_params(d, ff)
     x = make_x(m, d, torch.float32) + 1000.0
-    wg, wu, fold = geglu._fold(*params[:6], torch.float32)
-    y, stats, _, _ = geglu._forward_kernels(x, params[0], params[1], wg, params[3], wu, params[5], params[6],
+    w_gate_up, fold = geglu._fold(*params[:6], torch.float32)
+    y, stats, _, _ = geglu._forward_kernels(x, params[0], params[1], w_gate_up, params[3], None, params[5], params[6],
                                             params[7], EPS, "none", False, (SMALL, SMALL), fold=fold)
     x64 = x.double()
     assert rel_err(stats[0], x64.mean(-1)) < 1e-7
@@ -277,8 +277,7 @@ def test_folded_gate_up_pipelines_every_wgmma_operand_as_deep_as_the_weights():
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     for kernel, (stages, buffers) in json.loads(out.stdout.splitlines()[-1]).items():
-        operands = 3 if kernel.startswith("gate_up") else 2  # x, W'_gate, W'_up / h, W_down
-        assert buffers == [stages] * operands, (kernel, stages, buffers)
+        assert buffers == [stages] * 2, (kernel, stages, buffers)  # x, W' (gate and up interleaved) / h, W_down
 
 
 # ----------------------------------------------------------------------------------------------- op, any device
@@ -404,10 +403,13 @@ def test_folded_weights_are_cached_until_a_source_changes():
         ln_b.add_(1.0)  # any of the six: here the LayerNorm shift, which only the fp32 constants hold
     second = geglu._folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, torch.float16)
     assert second is not first
-    w = torch.cat([wg, wu]).detach().double()
-    assert torch.equal(second[0], (wg * ln_w).detach().to(torch.float16))
-    shift = w @ ln_b.detach().double() + torch.cat([bg, bu]).detach().double()
-    assert rel_err(second[2][1], shift) < 1e-6 and rel_err(second[2][0], torch.cat(second[:2]).double().sum(1)) < 1e-6
+    w_gate_up, fold = second  # gate and up rows interleaved, and the fold's columns alike
+    assert torch.equal(w_gate_up[0::2], (wg * ln_w).detach().to(torch.float16))
+    assert torch.equal(w_gate_up[1::2], (wu * ln_w).detach().to(torch.float16))
+    for rows, w, b in ((slice(0, None, 2), wg, bg), (slice(1, None, 2), wu, bu)):
+        shift = w.detach().double() @ ln_b.detach().double() + b.detach().double()
+        assert rel_err(fold[1][rows], shift) < 1e-6
+    assert rel_err(fold[0], w_gate_up.double().sum(1)) < 1e-6
     with torch.inference_mode():
         frozen = torch.randn(16)
     assert geglu._folded_gate_up(frozen, ln_b, wg, bg, wu, bu, torch.float16) is None  # no version counter

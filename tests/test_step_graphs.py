@@ -173,3 +173,78 @@ def test_cpu_steps_are_never_captured(fresh_step_graphs):
         x = torch.randn(3, 16, requires_grad=True)
         module(x).sum().backward()
     assert not fresh_step_graphs._slots and not fresh_step_graphs._seen
+
+
+# ----------------------------------------------------------------------------------------------- slot logic, any device
+
+class _FakeGraph:
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+class _Ctx:
+    needs_input_grad = (True, True, False)
+
+
+def fake_step_graphs(monkeypatch, fail=False):
+    """StepGraphs whose captures are stand-ins (no GPU): what is left is the bookkeeping of signatures and slots."""
+    steps = step_graphs.StepGraphs("fake_op", None, None, None)
+    monkeypatch.setattr(step_graphs, "ENABLED", True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # CPU builds have no CUDA
+
+    def capture(inputs, needs_input_grad):
+        if fail:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (stand-in)")
+        static = tuple(t.clone() if i == 0 else t for i, t in enumerate(inputs))
+        return step_graphs._Slot(static, (torch.full((3,), 7.0),), None, torch.zeros(3),
+                                 (torch.ones(3), torch.ones(3), None), _FakeGraph(), _FakeGraph())
+    monkeypatch.setattr(steps, "_capture", capture)
+    return steps
+
+
+def test_signatures_are_captured_after_repeated_eager_calls_and_slots_are_reused(monkeypatch):
+    steps = fake_step_graphs(monkeypatch)
+    w = torch.randn(3)
+    call = (torch.randn(3), w, 0.5)
+    assert [steps.forward(_Ctx(), call) for _ in range(step_graphs.CAPTURE_AFTER)] == [None, None]
+    first = _Ctx()
+    y = steps.forward(first, call)
+    slot = first.step_lease.slot
+    assert torch.equal(y, torch.full((3,), 7.0)) and y.data_ptr() != slot.output[0].data_ptr()  # a copy
+    second = _Ctx()
+    assert steps.forward(second, call) is not None  # the first slot is busy: a second one
+    assert steps.forward(_Ctx(), call) is None  # both busy, SLOTS reached: eagerly
+    grads = steps.backward(first, torch.randn(3))
+    assert grads[0].data_ptr() != first.step_lease.slot.grads[0].data_ptr()  # the activation's: a copy
+    assert grads[1] is first.step_lease.slot.grads[1]  # a parameter's: for autograd's accumulation
+    del first  # autograd drops the ctx: its slot is free again
+    again = _Ctx()
+    assert steps.forward(again, call) is not None
+    assert [len(s) for s in steps._slots.values()] == [2]
+    # Another parameter tensor, another eps: other signatures, counted from zero.
+    assert steps.forward(_Ctx(), (torch.randn(3), torch.randn(3), 0.5)) is None
+    assert steps.forward(_Ctx(), (torch.randn(3), w, 0.25)) is None
+
+
+def test_a_failed_capture_warns_and_leaves_the_signature_eager(monkeypatch):
+    steps = fake_step_graphs(monkeypatch, fail=True)
+    call = (torch.randn(3), torch.randn(3), 0.5)
+    for _ in range(step_graphs.CAPTURE_AFTER):
+        steps.forward(_Ctx(), call)
+    with pytest.warns(UserWarning, match="fake_op: capturing its training step .* out of memory"):
+        assert steps.forward(_Ctx(), call) is None
+    assert steps.forward(_Ctx(), call) is None  # no second attempt, no second warning
+
+
+def test_signatures_beyond_the_limit_run_eagerly(monkeypatch):
+    steps = fake_step_graphs(monkeypatch)
+    monkeypatch.setattr(step_graphs, "MAX_SIGNATURES", 2)
+    calls = [(torch.randn(3), torch.randn(3), 0.5) for _ in range(3)]
+    for call in calls:
+        for _ in range(step_graphs.CAPTURE_AFTER):
+            steps.forward(_Ctx(), call)
+    assert steps.forward(_Ctx(), calls[0]) is not None and steps.forward(_Ctx(), calls[1]) is not None
+    assert steps.forward(_Ctx(), calls[2]) is None

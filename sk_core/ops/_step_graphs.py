@@ -18,12 +18,18 @@ What keeps it exact:
   forward until autograd frees that call's node. A forward finding every slot of its signature busy (a
   second call before the first one's graph is dropped) captures another, up to `SLOTS`, else runs eagerly.
 - Eager calls only, and not while the caller captures a CUDA graph (its graph then holds the kernels).
-Costs: each slot keeps its buffers and its graphs' memory (~40 MB at the seed shape), for up to
-`MAX_SIGNATURES` signatures per op. `SK_STEP_GRAPHS=0` turns replay off.
+  Captured with autocast off, as the backward runs eagerly (the op's inputs are already in their dtypes).
+- A capture that fails (out of memory, say) is reported with a warning, and that signature runs eagerly from
+  then on.
+Costs: each slot keeps its buffers and its graphs' memory pool (the step's activations, gradients and weight
+copies, in allocator segments: 138 MiB at the GEGLU seed shape on the H200, as `bench_geglu.py` reports), for
+up to `MAX_SIGNATURES` signatures per op.
+`SK_STEP_GRAPHS=0` turns replay off.
 """
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Callable, Sequence
 
 import torch
@@ -81,12 +87,15 @@ class StepGraphs:
         self.activations = tuple(activations)
         self._seen: dict = {}
         self._slots: dict[tuple, list[_Slot]] = {}
+        self._eager_only: set = set()  # signatures whose capture failed
 
     def forward(self, ctx, inputs: tuple) -> torch.Tensor | None:
         """The op's result from a replay (and `ctx` ready for `backward`), or None: the caller runs it eagerly."""
         if not ENABLED or torch.cuda.is_current_stream_capturing():
             return None
         signature = self._signature(inputs, ctx.needs_input_grad)
+        if signature in self._eager_only:
+            return None
         slots = self._slots.get(signature)
         if slots is None:
             seen = self._seen.get(signature, 0) + 1
@@ -100,7 +109,13 @@ class StepGraphs:
         if slot is None:
             if len(slots) == SLOTS:
                 return None
-            slot = self._capture(inputs, ctx.needs_input_grad)
+            try:
+                slot = self._capture(inputs, ctx.needs_input_grad)
+            except RuntimeError as e:  # torch.cuda.OutOfMemoryError among them
+                warnings.warn(f"sk.ops.{self.op}: capturing its training step in a CUDA graph failed "
+                              f"({type(e).__name__}: {e}); this call signature runs eagerly from now on")
+                self._eager_only.add(signature)
+                return None
             slots.append(slot)
         for i in self.activations:
             slot.inputs[i].copy_(inputs[i])
@@ -137,7 +152,7 @@ class StepGraphs:
         static = tuple(t.clone() if i in self.activations else t for i, t in enumerate(inputs))
         stream = torch.cuda.Stream(device=inputs[self.activations[0]].device)
         forward_graph, backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with coverage.uncounted():
+        with coverage.uncounted(), torch.autocast("cuda", enabled=False):
             # One eager step on the capture stream first: cuBLAS sets up its workspace for a stream on first use,
             # which must not happen during capture (Triton's kernels are compiled by then: CAPTURE_AFTER calls ran).
             stream.wait_stream(torch.cuda.current_stream())
@@ -148,11 +163,13 @@ class StepGraphs:
                 grad_output = torch.zeros_like(output[0])
                 self._backward(ctx, grad_output)
             torch.cuda.current_stream().wait_stream(stream)
-            with torch.cuda.graph(forward_graph, stream=stream):
+            # thread_local: another thread's CUDA calls (a data loader's, say) must not break this capture.
+            with torch.cuda.graph(forward_graph, stream=stream, capture_error_mode="thread_local"):
                 output = self._forward(*static)
             ctx = _SavedContext(needs_input_grad)
             self._setup_context(ctx, static, output)
             # One pool for both: the backward reuses what the forward freed, never what it saved (held by ctx).
-            with torch.cuda.graph(backward_graph, pool=forward_graph.pool(), stream=stream):
+            with torch.cuda.graph(backward_graph, pool=forward_graph.pool(), stream=stream,
+                                  capture_error_mode="thread_local"):
                 grads = self._backward(ctx, grad_output)
         return _Slot(static, output, ctx, grad_output, tuple(grads), forward_graph, backward_graph)

@@ -131,16 +131,20 @@ def _gate_up_kernel(
     FF_ALIGN: tl.constexpr, K_BLOCKS: tl.constexpr, FOLD_LN: tl.constexpr,
     HAS_LN_BIAS: tl.constexpr, HAS_GATE_BIAS: tl.constexpr, HAS_UP_BIAS: tl.constexpr,
     STORE_PREACT: tl.constexpr, APPROX_TANH: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr,
-    DOWN_AT_START: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOWN_AT_START: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):
     # Operand tiles arrive through TMA descriptors, which zero-fill past the edges: rows past n_rows and
     # columns past d_ff are never stored, and k past d_model meets zero weights, so the loop needs no masks.
-    # FOLD_LN: the weights come with γ folded in and the loop is a plain GEMM on x (both operands straight from
-    # shared memory into the tensor cores), the epilogue applies the statistics (see `_folded_gate_up`). Keep
-    # every other read of the x tile out of that loop: a register use of a wgmma operand makes Triton 3.6
+    # FOLD_LN: wg_desc holds the gate and up weights with γ folded in and their rows interleaved (gate 0, up 0,
+    # gate 1, ...; wu_desc unused), so the loop is one plain GEMM on x with a 2·BLOCK_N-wide weight tile: both
+    # operands straight from shared memory into the tensor cores, and one wgmma twice as wide as two separate
+    # products (at 64 columns a wgmma reading both operands from shared memory is bound by its bandwidth).
+    # The epilogue applies the statistics (see `_folded_gate_up`) and splits the columns into gate and up.
+    # Keep every other read of the x tile out of that loop: a register use of a wgmma operand makes Triton 3.6
     # give it one pipeline buffer fewer than the wgmma in flight needs (a race; see the module docstring).
-    # Otherwise the prologue normalizes each x tile. Either way the statistics come from stats_ptr.
-    # SWAP_AB (folded only; decode): the products run transposed, W·xᵀ, so that the weight tile's rows fill
+    # Otherwise (training) the prologue normalizes each x tile and two products share it.
+    # SWAP_AB (folded only; decode): the product runs transposed, W·xᵀ, so that the weight tile's rows fill
     # wgmma's 64-row side and the few token rows its narrow side (a tile of < 64 rows otherwise runs mma.sync).
     # PDL: launched while the statistics kernel runs; x and the weights are older than that kernel, the
     # statistics are read after gdc_wait (with the fold, only in the epilogue: the whole GEMM overlaps it).
@@ -155,20 +159,39 @@ def _gate_up_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = offs_m < n_rows
     col_ok = offs_n < ff
-    if not FOLD_LN:  # the prologue normalizes with them; the fold needs them only in the epilogue
-        mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)[:, None]
-        rstd = tl.load(stats_ptr + n_rows + offs_m, mask=row_ok, other=0.0)[:, None]
-    acc_g = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     # Loop counts are compile-time (d_model and d_ff are model constants; a run-time bound breaks Triton's
     # interpreter under NumPy >= 2.4), kept rolled: unrolled, the loop would spill registers.
-    for k in tl.range(K_BLOCKS, loop_unroll_factor=1):
-        x = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
-        wg = wg_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
-        wu = wu_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
-        if FOLD_LN:
-            a = x
-        else:
+    if FOLD_LN:
+        acc = tl.zeros((2 * BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        for k in tl.range(K_BLOCKS, loop_unroll_factor=1):
+            x = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+            w = wg_desc.load([pid_n * 2 * BLOCK_N, k * BLOCK_K])
+            if SWAP_AB:
+                acc = tl.dot(w, x.T, acc)
+            else:
+                acc = tl.dot(x, w.T, acc)
+        if SWAP_AB:
+            acc = acc.T
+        if PDL:
+            gdc_wait()
+        mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)[:, None]
+        rstd = tl.load(stats_ptr + n_rows + offs_m, mask=row_ok, other=0.0)[:, None]
+        # x @ (γ⊙W)ᵀ − μ·Σ_k(γ⊙W) = (x − μ) @ (γ⊙W)ᵀ; then · rstd, + (W·β + b). fold is fp32 [2, 2·ff], its
+        # columns interleaved as the weights' rows.
+        cols2 = pid_n * 2 * BLOCK_N + tl.arange(0, 2 * BLOCK_N)
+        cols2_ok = cols2 < 2 * ff
+        acc = rstd * (acc - mean * tl.load(fold_ptr + cols2, mask=cols2_ok, other=0.0)[None, :])
+        acc += tl.load(fold_ptr + 2 * ff + cols2, mask=cols2_ok, other=0.0)[None, :]
+        acc_g, acc_u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+    else:
+        mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)[:, None]
+        rstd = tl.load(stats_ptr + n_rows + offs_m, mask=row_ok, other=0.0)[:, None]
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in tl.range(K_BLOCKS, loop_unroll_factor=1):
+            x = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+            wg = wg_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
+            wu = wu_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
             k_offs = k * BLOCK_K + tl.arange(0, BLOCK_K)
             k_ok = k_offs < d  # the zero-filled k past d_model: zero scale and shift
             ln_w = tl.load(ln_w_ptr + k_offs, mask=k_ok, other=0.0)
@@ -176,26 +199,8 @@ def _gate_up_kernel(
             if HAS_LN_BIAS:
                 xn += tl.load(ln_b_ptr + k_offs, mask=k_ok, other=0.0).to(tl.float32)[None, :]
             a = xn.to(wg.dtype)  # rounded once to the compute dtype, as eager's LayerNorm output is
-        if SWAP_AB:
-            acc_g = tl.dot(wg, a.T, acc_g)
-            acc_u = tl.dot(wu, a.T, acc_u)
-        else:
             acc_g = tl.dot(a, wg.T, acc_g)
             acc_u = tl.dot(a, wu.T, acc_u)
-    if SWAP_AB:
-        acc_g = acc_g.T
-        acc_u = acc_u.T
-    if FOLD_LN:
-        if PDL:
-            gdc_wait()
-        mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)[:, None]
-        rstd = tl.load(stats_ptr + n_rows + offs_m, mask=row_ok, other=0.0)[:, None]
-        # x @ (γ⊙W)ᵀ − μ·Σ_k(γ⊙W) = (x − μ) @ (γ⊙W)ᵀ; then · rstd, + (W·β + b). fold is fp32 [2, 2·ff].
-        acc_g = rstd * (acc_g - mean * tl.load(fold_ptr + offs_n, mask=col_ok, other=0.0)[None, :])
-        acc_u = rstd * (acc_u - mean * tl.load(fold_ptr + ff + offs_n, mask=col_ok, other=0.0)[None, :])
-        acc_g += tl.load(fold_ptr + 2 * ff + offs_n, mask=col_ok, other=0.0)[None, :]
-        acc_u += tl.load(fold_ptr + 3 * ff + offs_n, mask=col_ok, other=0.0)[None, :]
-    else:
         if HAS_GATE_BIAS:
             acc_g += tl.load(bg_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if HAS_UP_BIAS:
@@ -364,25 +369,29 @@ class GemmConfig:
 # tiles, so that the seed shape's 368 gate/up and 96 down programs are all resident at once; decode's swap from
 # .../second-run/decode-swap/bench_geglu_sweep.json, one run, 0.3-0.6 µs of ~61 per kernel); no autotuning at
 # call time, so every call (and CUDA-graph capture) launches an already-chosen kernel. Decode splits the down
-# projection's K so that its few output tiles still spread over the GPU. The dependent launch per class from
-# the sweep in results/h200/geglu/2026-11-30/third-run/ (µs per forward in a graph, none / after_stores /
-# at_start): decode 59.2 / 58.3 / 57.6, seed 32.7 / 32.3 / 45.4 (launched at gate/up's start, the down
-# programs take SM slots that gate/up's own programs are waiting for), prefill 2824 / 2815 / 2806 (within
-# the run-to-run spread there: left in plain stream order).
+# projection's K so that its few output tiles still spread over the GPU. "large" gate/up: 3 stages from
+# .../2026-11-30/fourth-run/prefill/bench_geglu_sweep.json (2709 µs against 2756 with 4, one product for gate
+# and up). The dependent launch per class from the sweeps in .../2026-11-30/third-run/ and fourth-run/ (µs per
+# forward in a graph, none / after_stores / at_start): decode 59.2 / 58.3 / 57.6 and 60.2 / 59.8 / 59.0,
+# seed 32.7 / 32.3 / 45.4 and 32.5 / 32.3 / 45.3 (launched at gate/up's start, the down programs take SM
+# slots that gate/up's own programs are waiting for), prefill 2824 / 2815 / 2806 and 2738 / 2728 / 2733
+# (within the run-to-run spread there: left in plain stream order).
 GATE_UP_CONFIGS = {
     "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4, swap_ab=True,
                          dependent_launch="at_start"),
     "small": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3,
                         dependent_launch="after_stores"),
-    "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
+    "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
 }
 # Training's gate/up kernel (prologue normalization, pre-activations stored) needs more registers: at the seed
 # shape the inference tile with 4 warps spills 264 bytes on sm90, with 8 warps none (compile_report_geglu.py;
-# not yet timed). At "large", 128 × 128 spills 240 bytes either way; 128 × 64 does not (to be swept).
+# not yet timed). At "large", 128 × 128 spills 240 bytes either way; 128 × 64 does not (to be swept); its
+# stages stay at 4 (the inference sweep that moved "large" to 3 timed the folded kernel only).
 TRAINING_GATE_UP_CONFIGS = {
     **GATE_UP_CONFIGS,
     "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3,
                         dependent_launch="after_stores"),
+    "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
 }
 DOWN_CONFIGS = {
     "decode": GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=8, swap_ab=True),
@@ -467,8 +476,9 @@ _read_by_graphs: dict = {}
 
 
 def _folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, dtype):
-    """(W'_gate, W'_up, fold) with W' = (γ⊙W) in `dtype` and fold fp32 [[Σ_k W'_gate, Σ_k W'_up],
-    [W_gate·β + b_gate, W_up·β + b_up]], so that for a row x with mean μ and 1/std r
+    """(W', fold): W' = γ⊙W of gate and up in `dtype`, their rows interleaved (gate 0, up 0, gate 1, ...: the
+    gate/up kernel computes both with one product), and fold fp32 [[Σ_k W'], [W·β + b]], its columns
+    interleaved alike, so that for a row x with mean μ and 1/std r
 
         gate = r·(x @ W'_gateᵀ − μ·Σ_k W'_gate) + (W_gate·β + b_gate)      (up alike)
 
@@ -514,18 +524,18 @@ def _forget_fold(key):
 
 
 def _fold(ln_w, ln_b, wg, bg, wu, bu, dtype):
-    ff = wg.shape[0]
+    ff, d = wg.shape
     with torch.no_grad(), torch.autocast(wg.device.type, enabled=False):  # fp32 throughout, also under autocast
-        w = torch.cat([wg, wu]).float()
+        w = torch.stack([wg, wu], dim=1).reshape(2 * ff, d).float()  # rows interleaved: gate 0, up 0, gate 1, ...
         folded = (w * ln_w.float()).to(dtype)
         fold = torch.zeros((2, 2 * ff), dtype=torch.float32, device=w.device)
         torch.sum(folded, 1, dtype=torch.float32, out=fold[0])
         if ln_b is not None:
             torch.mv(w, ln_b.float(), out=fold[1])
-        for b, cols in ((bg, fold[1, :ff]), (bu, fold[1, ff:])):
+        for b, cols in ((bg, fold[1, 0::2]), (bu, fold[1, 1::2])):
             if b is not None:
                 cols += b.float()
-    return folded[:ff], folded[ff:], fold
+    return folded, fold
 
 
 # ----------------------------------------------------------------------------------------------- launchers
@@ -554,10 +564,10 @@ def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
 def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, save_for_backward,
                      configs: tuple[GemmConfig, GemmConfig] | None = None, fold: torch.Tensor | None = None):
     """Run the three forward kernels. Returns (y, stats, xn, gu); xn and gu are empty unless saving.
-    With `fold` (from `_folded_gate_up`; inference only, not with save_for_backward), wg and wu are the folded
-    weights that come with it."""
+    With `fold` (from `_folded_gate_up`; inference only, not with save_for_backward), wg is the folded gate/up
+    weight that comes with it (rows interleaved) and wu is None."""
     m, d = x2.shape
-    ff = wg.shape[0]
+    ff = wd.shape[1]
     dtype, dev = x2.dtype, x2.device
     y = torch.empty((m, d), dtype=dtype, device=dev)
     stats = torch.empty((2, m), dtype=torch.float32, device=dev)
@@ -592,7 +602,8 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     tma = _descriptor  # zero-filled past the edges; blocks as the kernel's tiles
     _gate_up_kernel[(_cdiv(m, c.block_m) * _cdiv(ff, c.block_n),)](
         tma(x2, [c.block_m, c.block_k]), stats, ln_w, ln_b,
-        tma(wg, [c.block_n, c.block_k]), tma(wu, [c.block_n, c.block_k]), bg, bu,
+        *((tma(wg, [2 * c.block_n, c.block_k]),) * 2 if fold is not None else
+          (tma(wg, [c.block_n, c.block_k]), tma(wu, [c.block_n, c.block_k]))), bg, bu,
         fold if fold is not None else stats, h, gu, m, d, ff,  # stats: unread without FOLD_LN
         FF_ALIGN=ff_align, K_BLOCKS=_cdiv(d, c.block_k), FOLD_LN=fold is not None,
         HAS_LN_BIAS=ln_b is not None, HAS_GATE_BIAS=bg is not None, HAS_UP_BIAS=bu is not None,
@@ -764,11 +775,11 @@ def _forward(
     folded = None if save_for_backward or not FOLD_LN else _folded_gate_up(
         ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, x.dtype)
     if folded is None:
-        wg, wu, fold = compute_weight(gate_weight, x.dtype), compute_weight(up_weight, x.dtype), None
+        (wg, wu), fold = [_tma_ready(compute_weight(w, x.dtype)) for w in (gate_weight, up_weight)], None
     else:
-        wg, wu, fold = folded
+        (wg, fold), wu = folded, None
     return _forward_kernels(
-        _tma_ready(x), ln_weight, ln_bias, _tma_ready(wg), gate_bias, _tma_ready(wu), up_bias,
+        _tma_ready(x), ln_weight, ln_bias, wg, gate_bias, wu, up_bias,
         _tma_ready(compute_weight(down_weight, x.dtype)), down_bias, eps, approximate, save_for_backward,
         fold=fold)
 
