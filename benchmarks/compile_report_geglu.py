@@ -73,7 +73,7 @@ def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool
     kernel = compile_kernel(kind, c, d, ff, fold)
     ptx = kernel.asm["ptx"]
     return (f"shared={kernel.metadata.shared} {resource_usage(kernel)} wgmma={'wgmma' in ptx} "
-            f"griddepcontrol.wait={'griddepcontrol.wait' in ptx}")
+            f"griddepcontrol.wait={'griddepcontrol.wait' in ptx} warps={kernel.metadata.num_warps}")
 
 
 def ln_backward_report(m: int, d: int) -> str:
@@ -105,9 +105,12 @@ def main(argv=None):
                 candidates += [candidate_config(c).fitted(
                     m, ff if kind == "gate_up" else d, d if kind == "gate_up" else ff) for c in SWEEP[name][kind]]
             for c in candidates:
+                try:
+                    report = compile_report(kind, c, d, ff, fold)
+                except RuntimeError as e:  # a candidate the compiler rejects is not worth device time either
+                    report = f"does not compile ({str(e).splitlines()[-1][:100]})"
                 print(f"[{name}] {kind}{variant} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} "
-                      f"s{c.num_stages} split{c.split_k}{' swap' if c.swap_ab else ''}: "
-                      f"{compile_report(kind, c, d, ff, fold)}", flush=True)
+                      f"s{c.num_stages} split{c.split_k}{' swap' if c.swap_ab else ''}: {report}", flush=True)
 
 
 if __name__ == "__main__":

@@ -124,6 +124,25 @@ def _ln_stats_kernel(
         tl.store(xn_ptr + offs, xn.to(xn_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _tile_product(a_desc, b_desc, a_row, b_row, k_first, K_STEPS: tl.constexpr, SWAP_AB: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A·Bᵀ in fp32 for the BLOCK_M rows of A from a_row and the BLOCK_N rows of B from b_row, over K_STEPS
+    blocks of K from block k_first. SWAP_AB: computed as (B·Aᵀ)ᵀ, so that B's rows take wgmma's 64-row side
+    when A has fewer rows (a tile of < 64 rows otherwise runs mma.sync)."""
+    acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(K_STEPS, loop_unroll_factor=1):
+        a = a_desc.load([a_row, (k_first + k) * BLOCK_K])
+        b = b_desc.load([b_row, (k_first + k) * BLOCK_K])
+        if SWAP_AB:
+            acc = tl.dot(b, a.T, acc)
+        else:
+            acc = tl.dot(a, b.T, acc)
+    if SWAP_AB:
+        acc = acc.T
+    return acc
+
+
 @triton.jit(do_not_specialize=["n_rows"])
 def _gate_up_kernel(
     x_desc, stats_ptr, ln_w_ptr, ln_b_ptr, wg_desc, wu_desc, bg_ptr, bu_ptr, fold_ptr, h_ptr, gu_ptr,
@@ -162,16 +181,8 @@ def _gate_up_kernel(
     # Loop counts are compile-time (d_model and d_ff are model constants; a run-time bound breaks Triton's
     # interpreter under NumPy >= 2.4), kept rolled: unrolled, the loop would spill registers.
     if FOLD_LN:
-        acc = tl.zeros((2 * BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
-        for k in tl.range(K_BLOCKS, loop_unroll_factor=1):
-            x = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
-            w = wg_desc.load([pid_n * 2 * BLOCK_N, k * BLOCK_K])
-            if SWAP_AB:
-                acc = tl.dot(w, x.T, acc)
-            else:
-                acc = tl.dot(x, w.T, acc)
-        if SWAP_AB:
-            acc = acc.T
+        acc = _tile_product(x_desc, wg_desc, pid_m * BLOCK_M, pid_n * 2 * BLOCK_N, 0, K_BLOCKS, SWAP_AB,
+                            BLOCK_M, 2 * BLOCK_N, BLOCK_K)
         if PDL:
             gdc_wait()
         mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)[:, None]
@@ -235,16 +246,8 @@ def _down_kernel(
     pid_m, pid_n = _tile_coords(tile, tl.cdiv(n_rows, BLOCK_M), tl.cdiv(d, BLOCK_N), GROUP_M)
     # SWAP_AB: as in the gate/up kernel, W·hᵀ for few rows (wgmma's 64-row side taken by the weight tile).
     k_first = tl.program_id(1) * K_BLOCKS_PER_SPLIT
-    acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in tl.range(K_BLOCKS_PER_SPLIT, loop_unroll_factor=1):
-        a = h_desc.load([pid_m * BLOCK_M, (k_first + k) * BLOCK_K])
-        b = wd_desc.load([pid_n * BLOCK_N, (k_first + k) * BLOCK_K])
-        if SWAP_AB:
-            acc = tl.dot(b, a.T, acc)
-        else:
-            acc = tl.dot(a, b.T, acc)
-    if SWAP_AB:
-        acc = acc.T
+    acc = _tile_product(h_desc, wd_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k_first, K_BLOCKS_PER_SPLIT, SWAP_AB,
+                        BLOCK_M, BLOCK_N, BLOCK_K)
     if SPLIT_K > 1:
         # partial is [SPLIT_K, n_rows, d] fp32. As in CUTLASS's serial
         # split-K: plain stores, a barrier, then one release (the counter); the last program acquires it.
