@@ -62,15 +62,21 @@ def _events_ms(fn, calls, repeats):
     return statistics.median(times)
 
 
-def time_eager_us(fn, repeats=30):
-    """Per call, launched from Python back to back (host overhead included when it dominates)."""
-    fn()
+def time_eager_us(fns: dict, repeats=30) -> dict:
+    """Per call of each fn, launched from Python back to back (host overhead included when it dominates):
+    medians of `repeats` samples of CALLS_PER_REPLAY calls, the fns' samples interleaved so that the host's
+    drift (its clocks, other work) hits all alike."""
+    for fn in fns.values():
+        fn()
     torch.cuda.synchronize()
-
-    def many():
-        for _ in range(CALLS_PER_REPLAY):
-            fn()
-    return 1e3 * _events_ms(many, CALLS_PER_REPLAY, repeats)
+    samples = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            def many(fn=fn):
+                for _ in range(CALLS_PER_REPLAY):
+                    fn()
+            samples[name].append(1e3 * _events_ms(many, CALLS_PER_REPLAY, 1))
+    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def make_problem(m, d, ff, seed=0):
@@ -132,8 +138,7 @@ def bench_inference(name, m, d, ff, with_compile):
         row.update(side_by_side_us({"ours_graph_us": ours, "ours_unfolded_graph_us": unfolded,
                                     "ours_no_pdl_graph_us": switched_off(ours, geglu, "PDL"), "eager_graph_us": eager},
                                    calls_per_replay=CALLS_PER_REPLAY))
-        row["ours_eager_us"] = time_eager_us(ours)
-        row["eager_us"] = time_eager_us(eager)
+        row.update(time_eager_us({"ours_eager_us": ours, "eager_us": eager}))
         if with_compile:
             compiled = torch.compile(block_bf16, mode="max-autotune-no-cudagraphs")
             t0 = time.time()
@@ -169,17 +174,16 @@ def bench_training(m, d, ff):
         return run
 
     row = {"shape": "seed", "M": m, "D": d, "FF": ff}
-    row["eager_step_us"] = time_eager_us(training_step(block, x, grad), repeats=20)
     torch.cuda.empty_cache()
     reserved = torch.cuda.memory_reserved()
     ours_step = captured(training_step(ours, x, grad))
     torch.cuda.empty_cache()  # what is still reserved now, the captured step holds (its slot and graphs' pool)
     row["step_graph_mib"] = (torch.cuda.memory_reserved() - reserved) / 2**20
-    row["ours_step_us"] = time_eager_us(ours_step, repeats=20)
-    row["ours_no_replay_step_us"] = time_eager_us(switched_off(training_step(ours, x, grad), step_graphs, "ENABLED"),
-                                                  repeats=20)
-    row["eager_step_with_update_us"] = time_eager_us(step_after_update(block), repeats=20)
-    row["ours_step_with_update_us"] = time_eager_us(step_after_update(ours), repeats=20)
+    row.update(time_eager_us({
+        "eager_step_us": training_step(block, x, grad), "ours_step_us": ours_step,
+        "ours_no_replay_step_us": switched_off(training_step(ours, x, grad), step_graphs, "ENABLED")}, repeats=20))
+    row.update(time_eager_us({"eager_step_with_update_us": step_after_update(block),
+                              "ours_step_with_update_us": step_after_update(ours)}, repeats=20))
     row["eager_torch_graphed_step_us"] = torch_graphed_step_us(block, x, grad)
     row["speedup"] = row["eager_step_us"] / row["ours_step_us"]
     row["speedup_no_replay"] = row["eager_step_us"] / row["ours_no_replay_step_us"]
@@ -305,7 +309,7 @@ def torch_graphed_step_us(block, x, grad):
             with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
                 y = graphed(x)
             y.backward(grad)
-        return time_eager_us(run, repeats=20)
+        return time_eager_us({"run": run}, repeats=20)["run"]
     except Exception as e:  # a peer measurement: reported as missing, not fatal to the run
         print(f"[train seed] torch.cuda.make_graphed_callables failed: {type(e).__name__}: {e}", flush=True)
         return float("nan")

@@ -5,6 +5,7 @@ import importlib
 
 import pytest
 import torch
+import torch.utils.checkpoint
 
 import sk
 from numerics import KERNEL_DEVICE
@@ -66,7 +67,8 @@ def test_gpu_replayed_training_steps_give_the_eager_bits_and_see_optimizer_updat
                   replay=False)
     assert not fresh_step_graphs._slots
     sk.coverage.reset()
-    replayed = train(make_module(), data, monkeypatch, replay=True)
+    module = make_module()  # kept: a freed parameter frees its signature's slots
+    replayed = train(module, data, monkeypatch, replay=True)
     # Steps 3..6 replayed (after CAPTURE_AFTER eager ones), each after an SGD step changed every master in place.
     assert_same_bits(replayed, eager)
     assert all(torch.isfinite(t).all() for step in eager for t in step)
@@ -98,17 +100,18 @@ def test_gpu_two_forwards_before_one_backward_take_two_slots(fresh_step_graphs, 
 
 
 @pytest.mark.gpu
-def test_gpu_outputs_and_input_grads_are_never_overwritten_by_later_replays(fresh_step_graphs, monkeypatch):
+def test_gpu_outputs_and_gradients_are_never_overwritten_by_later_replays(fresh_step_graphs, monkeypatch):
     module = make_module()
     monkeypatch.setattr(step_graphs, "ENABLED", True)
     kept = []
     for x, dy in batches(6):
         y = module(x)
-        y.backward(dy)
-        kept.append((y.detach(), y.detach().clone(), x.grad, x.grad.clone()))
+        grads = torch.autograd.grad(y, [x, *module.parameters()], dy)  # handed out directly, no accumulation
+        kept.append([y.detach(), *grads] + [t.detach().clone() for t in (y, *grads)])
     assert fresh_step_graphs._slots
-    for y, y_copy, dx, dx_copy in kept:
-        assert torch.equal(y, y_copy) and torch.equal(dx, dx_copy)
+    for tensors in kept:
+        half = len(tensors) // 2
+        assert all(torch.equal(a, b) for a, b in zip(tensors[:half], tensors[half:]))
 
 
 @pytest.mark.gpu
@@ -160,6 +163,52 @@ def test_gpu_a_caller_capturing_its_own_graph_gets_the_kernels(fresh_step_graphs
 
 
 @pytest.mark.gpu
+def test_gpu_parameters_changed_between_forward_and_backward(fresh_step_graphs, monkeypatch):
+    """Written in place after the forward: autograd raises, as for the eager call. Moved to other memory (as
+    FSDP's resharding does): that backward runs eagerly and gives the eager bits."""
+    module = make_module()
+    data = batches(4)
+    train(module, data[:3], monkeypatch, replay=True)
+    x, dy = data[3]
+    y = module(x)
+    with torch.no_grad():
+        module.up.weight.mul_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward(dy)
+    grads = []
+    for replay in (True, False):
+        monkeypatch.setattr(step_graphs, "ENABLED", replay)
+        module.zero_grad(set_to_none=True)
+        y = module(x)
+        moved_from = module.down.weight.data_ptr()
+        storage = module.down.weight.untyped_storage()
+        storage.resize_(2 * storage.nbytes())  # a new allocation, the values copied over, the version unchanged
+        assert module.down.weight.data_ptr() != moved_from
+        y.backward(dy)
+        grads.append([p.grad.clone() for p in module.parameters()])
+    assert_same_bits([grads[0]], [grads[1]])
+
+
+@pytest.mark.gpu
+def test_gpu_activation_checkpointing_runs_the_op_eagerly(fresh_step_graphs, monkeypatch):
+    """Under torch.utils.checkpoint (saved-tensor hooks) the op never replays: checkpointing decides what is kept,
+    and its recomputation must see the same calls as the first pass."""
+    module = make_module()
+    data = batches(5)
+    got = []
+    for x, dy in data:
+        x.grad = None
+        torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False).backward(dy)
+        got.append(x.grad.clone())
+    assert not fresh_step_graphs._slots
+    monkeypatch.setattr(step_graphs, "ENABLED", False)
+    for (x, dy), g in zip(data, got):
+        x.grad = None
+        module(x).backward(dy)
+        assert torch.equal(x.grad, g)
+
+
+@pytest.mark.gpu
 def test_gpu_large_steps_are_not_replayed(fresh_step_graphs, monkeypatch):
     monkeypatch.setattr(geglu, "STEP_GRAPH_MAX_WORK", M * D * FF - 1)
     train(make_module(), batches(4), monkeypatch, replay=True)
@@ -185,66 +234,118 @@ class _FakeGraph:
         self.replays += 1
 
 
-class _Ctx:
-    needs_input_grad = (True, True, False)
+def _ctx():
+    return step_graphs._SavedContext((True, True, False))
 
 
 def fake_step_graphs(monkeypatch, fail=False):
-    """StepGraphs whose captures are stand-ins (no GPU): what is left is the bookkeeping of signatures and slots."""
-    steps = step_graphs.StepGraphs("fake_op", None, None, None)
+    """StepGraphs over a stand-in op (y = 7, dx = 2·dy, dw = 3·dy) whose captures are stand-ins too (no GPU):
+    what is left is the bookkeeping of signatures, slots, parameters and copies."""
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:2])
+
+    def backward(ctx, grad):
+        backward.eager_calls += 1
+        return 2 * grad, 3 * grad, None
+    backward.eager_calls = 0
+    steps = step_graphs.StepGraphs("fake_op", None, setup_context, backward)
+    for name, stand_in in (("is_current_stream_capturing", lambda: False), ("current_device", lambda: None),
+                           ("current_stream", lambda: None)):  # CPU builds have no CUDA
+        monkeypatch.setattr(torch.cuda, name, stand_in)
     monkeypatch.setattr(step_graphs, "ENABLED", True)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # CPU builds have no CUDA
 
     def capture(inputs, needs_input_grad):
         if fail:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (stand-in)")
-        static = tuple(t.clone() if i == 0 else t for i, t in enumerate(inputs))
-        return step_graphs._Slot(static, (torch.full((3,), 7.0),), None, torch.zeros(3),
-                                 (torch.ones(3), torch.ones(3), None), _FakeGraph(), _FakeGraph())
+        grads = (torch.full((3,), 2.0), torch.full((3,), 3.0), None)
+        packs, layout = step_graphs._pack(grads)
+        return step_graphs._Slot((inputs[0].clone(), None, inputs[2]), [1], (inputs[1].data_ptr(),),
+                                 (torch.full((3,), 7.0),), torch.zeros(3), grads, packs, layout,
+                                 _FakeGraph(), _FakeGraph())
     monkeypatch.setattr(steps, "_capture", capture)
-    return steps
+    return steps, backward
 
 
 def test_signatures_are_captured_after_repeated_eager_calls_and_slots_are_reused(monkeypatch):
-    steps = fake_step_graphs(monkeypatch)
+    steps, _ = fake_step_graphs(monkeypatch)
     w = torch.randn(3)
     call = (torch.randn(3), w, 0.5)
-    assert [steps.forward(_Ctx(), call) for _ in range(step_graphs.CAPTURE_AFTER)] == [None, None]
-    first = _Ctx()
+    assert [steps.forward(_ctx(), call) for _ in range(step_graphs.CAPTURE_AFTER)] == [None, None]
+    first = _ctx()
     y = steps.forward(first, call)
     slot = first.step_lease.slot
     assert torch.equal(y, torch.full((3,), 7.0)) and y.data_ptr() != slot.output[0].data_ptr()  # a copy
-    second = _Ctx()
+    assert first.saved_tensors[0] is w  # the parameters, for autograd's checks at backward
+    second = _ctx()
     assert steps.forward(second, call) is not None  # the first slot is busy: a second one
-    assert steps.forward(_Ctx(), call) is None  # both busy, SLOTS reached: eagerly
-    grads = steps.backward(first, torch.randn(3))
-    assert grads[0].data_ptr() != first.step_lease.slot.grads[0].data_ptr()  # the activation's: a copy
-    assert grads[1] is first.step_lease.slot.grads[1]  # a parameter's: for autograd's accumulation
+    assert steps.forward(_ctx(), call) is None  # both busy, SLOTS reached: eagerly
+    grads = steps.backward(first, torch.ones(3))
+    assert torch.equal(grads[0], slot.grads[0]) and torch.equal(grads[1], slot.grads[1]) and grads[2] is None
+    assert all(g.data_ptr() != b.data_ptr() for g, b in zip(grads[:2], slot.grads))  # copies, none a buffer
     del first  # autograd drops the ctx: its slot is free again
-    again = _Ctx()
-    assert steps.forward(again, call) is not None
+    again = _ctx()
+    assert steps.forward(again, call) is not None and again.step_lease.slot is slot
     assert [len(s) for s in steps._slots.values()] == [2]
     # Another parameter tensor, another eps: other signatures, counted from zero.
-    assert steps.forward(_Ctx(), (torch.randn(3), torch.randn(3), 0.5)) is None
-    assert steps.forward(_Ctx(), (torch.randn(3), w, 0.25)) is None
+    assert steps.forward(_ctx(), (torch.randn(3), torch.randn(3), 0.5)) is None
+    assert steps.forward(_ctx(), (torch.randn(3), w, 0.25)) is None
+
+
+def test_parameters_changed_between_forward_and_backward(monkeypatch):
+    steps, eager_backward = fake_step_graphs(monkeypatch)
+    w = torch.randn(3)
+    call = (torch.randn(3), w, 0.5)
+    for _ in range(step_graphs.CAPTURE_AFTER):
+        steps.forward(_ctx(), call)
+    # Moved to other memory without an in-place write (as FSDP's resharding does): that backward runs eagerly.
+    ctx = _ctx()
+    steps.forward(ctx, call)
+    w.untyped_storage().resize_(2 * w.untyped_storage().nbytes())  # a new allocation, the values copied over
+    assert torch.equal(steps.backward(ctx, torch.ones(3))[1], torch.full((3,), 3.0))
+    assert eager_backward.eager_calls == 1
+    assert steps.forward(_ctx(), call) is None  # at its new address it is another signature
+
+
+def test_a_freed_parameter_frees_its_signatures_slots(monkeypatch):
+    steps, _ = fake_step_graphs(monkeypatch)
+    w = torch.randn(3)
+    for _ in range(step_graphs.CAPTURE_AFTER + 1):
+        steps.forward(_ctx(), (torch.randn(3), w, 0.5))
+    assert len(steps._slots) == 1
+    del w
+    assert not steps._slots
+
+
+def test_saved_tensor_hooks_and_another_device_run_eagerly(monkeypatch):
+    steps, _ = fake_step_graphs(monkeypatch)
+    call = (torch.randn(3), torch.randn(3), 0.5)
+    for _ in range(step_graphs.CAPTURE_AFTER):
+        steps.forward(_ctx(), call)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):  # checkpointing, save_on_cpu
+        assert steps.forward(_ctx(), call) is None
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert steps.forward(_ctx(), call) is None
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    assert steps.forward(_ctx(), call) is not None
 
 
 def test_a_failed_capture_warns_and_leaves_the_signature_eager(monkeypatch):
-    steps = fake_step_graphs(monkeypatch, fail=True)
+    steps, _ = fake_step_graphs(monkeypatch, fail=True)
     call = (torch.randn(3), torch.randn(3), 0.5)
     for _ in range(step_graphs.CAPTURE_AFTER):
-        steps.forward(_Ctx(), call)
+        steps.forward(_ctx(), call)
     with pytest.warns(UserWarning, match="fake_op: capturing its training step .* out of memory"):
-        assert steps.forward(_Ctx(), call) is None
-    assert steps.forward(_Ctx(), call) is None  # no second attempt, no second warning
+        assert steps.forward(_ctx(), call) is None
+    assert steps.forward(_ctx(), call) is None  # no second attempt, no second warning
+    assert not steps._slots  # and it holds no place among MAX_SIGNATURES
 
 
 def test_signatures_beyond_the_limit_run_eagerly(monkeypatch):
-    steps = fake_step_graphs(monkeypatch)
+    steps, _ = fake_step_graphs(monkeypatch)
     monkeypatch.setattr(step_graphs, "MAX_SIGNATURES", 2)
     calls = [(torch.randn(3), torch.randn(3), 0.5) for _ in range(3)]
     for call in calls:
         for _ in range(step_graphs.CAPTURE_AFTER):
-            steps.forward(_Ctx(), call)
-    assert steps.forward(_Ctx(), calls[0]) is not None and steps.forward(_Ctx(), calls[1]) is not None
-    assert steps.forward(_Ctx(), calls[2]) is None
+            steps.forward(_ctx(), call)
+    assert steps.forward(_ctx(), calls[0]) is not None and steps.forward(_ctx(), calls[1]) is not None
+    assert steps.forward(_ctx(), calls[2]) is None

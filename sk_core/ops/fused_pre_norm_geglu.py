@@ -862,7 +862,7 @@ def _backward(ctx, dy, *_):
 _fused_pre_norm_geglu_op.register_autograd(_backward, setup_context=_setup_op_context)
 
 
-_step_graphs = StepGraphs(OP, _forward, _setup_context, _backward)
+_step_graphs = StepGraphs(OP, _forward, _setup_context, _backward, settings=lambda: (PDL,))
 # Training steps are replayed from CUDA graphs (see `_step_graphs.py`) up to this much work, m·d_model·d_ff:
 # there the host's launch cost (~0.3-2 ms a step) is above the kernels' time (18·m·d·ff FLOP, ~0.1 ms at 2^32)
 # and a slot's buffers stay small (~100 MB at 2^32); beyond it a step is GPU-bound and replay would gain nothing.
@@ -891,10 +891,13 @@ class _EagerFunction(torch.autograd.Function):
 
 
 def _replayable(x, ln_weight, ln_bias, gate_weight, *rest) -> bool:
-    """A CUDA call the kernels cover (checked without recording it), small enough to gain from replay."""
+    """A CUDA call on plain tensors (whose memory a graph can read) that the kernels cover (checked without
+    recording it), small enough to gain from replay."""
     m, d = x.shape
     ff = gate_weight.shape[0]
     return (x.is_cuda and 0 < m * d * ff <= STEP_GRAPH_MAX_WORK
+            and all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (ln_weight, ln_bias, gate_weight, *rest)
+                    if isinstance(t, torch.Tensor))
             and coverage.miss_reason(OP, x, shape_miss=_shape_miss(d, ff)) is None
             and coverage.miss_reason(OP, x, shape_miss=_shape_miss(d, ff), backward=True) is None)
 
