@@ -11,7 +11,7 @@ for this op; outside autocast an FP32 input runs the PyTorch fallback, recorded 
 
 Training steps that repeat on CUDA (same input shape, same parameters) are replayed from CUDA graphs of the
 op's forward and backward after two eager calls, with the same results (see `sk/ops/_step_graphs.py`: what
-it keeps per shape — 138 MiB per block at the seed shape — and `SK_STEP_GRAPHS=0` to turn it off).
+it keeps per shape — 160 MiB per block at the seed shape — and `SK_STEP_GRAPHS=0` to turn it off).
 """
 from __future__ import annotations
 

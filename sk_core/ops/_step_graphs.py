@@ -26,7 +26,7 @@ What keeps it exact:
 - A capture that fails (out of memory, say) is reported with a warning, and that signature runs eagerly from
   then on.
 Costs: each slot keeps its buffers and its graphs' memory pool (the step's activations, gradients and weight
-copies, in allocator segments: 138 MiB at the GEGLU seed shape on the H200, as `bench_geglu.py` reports), for
+copies, in allocator segments: 160 MiB at the GEGLU seed shape on the H200, as `bench_geglu.py` reports), for
 up to `MAX_SIGNATURES` signatures per op; a signature's slots are freed when one of its parameters is.
 `SK_STEP_GRAPHS=0` turns replay off.
 """

@@ -5,8 +5,8 @@ Three Triton kernels in the forward:
      activation, which the backward needs anyway).
   2. `_gate_up_kernel`: one GEMM for gate and up together; each program owns the same columns of gate and up,
      sharing the x tile between both, and its epilogue writes gelu(g) · u. In inference the LayerNorm scale is
-     folded into cached weights (`_folded_gate_up`): a plain GEMM on x, the statistics and the shift applied
-     in the epilogue. In training the prologue normalizes each x tile in registers instead (the backward
+     folded into cached weights (`_folded_gate_up`, gate and up rows interleaved): one plain GEMM on x, the
+     statistics and the shift applied in the epilogue, which then splits gate from up. In training the prologue normalizes each x tile in registers instead (the backward
      needs the unfolded weights anyway). Either way the normalized activation never goes through memory.
      With the fold, nothing but the tensor cores reads the x tile in the loop: the row statistics come from
      pass 1. (Summing the rows from that tile in the loop too made Triton 3.6's pipeliner give the tile one
@@ -865,7 +865,8 @@ _fused_pre_norm_geglu_op.register_autograd(_backward, setup_context=_setup_op_co
 _step_graphs = StepGraphs(OP, _forward, _setup_context, _backward, settings=lambda: (PDL,))
 # Training steps are replayed from CUDA graphs (see `_step_graphs.py`) up to this much work, m·d_model·d_ff:
 # there the host's launch cost (~0.3-2 ms a step) is above the kernels' time (18·m·d·ff FLOP, ~0.1 ms at 2^32)
-# and a slot's buffers stay small (~100 MB at 2^32); beyond it a step is GPU-bound and replay would gain nothing.
+# and a slot's memory stays moderate (160 MiB at the seed shape, m·d·ff ≈ 2^30, growing about in proportion);
+# beyond it a step is GPU-bound and replay would gain nothing.
 STEP_GRAPH_MAX_WORK = 2 ** 32
 
 
