@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import sk
-from numerics import DTYPES, KERNEL_DEVICE, ODD_WIDTHS, REAL_WIDTHS, TOLERANCE, poisoned_like, rel_err
+from numerics import DTYPES, KERNEL_DEVICE, ODD_WIDTHS, REAL_WIDTHS, TOLERANCE, poisoned_like, rel_err, seed_of
 from sk.ops.rms_norm import fused_add_rms_norm_reference, rms_norm_reference
 
 WIDTHS = ODD_WIDTHS + REAL_WIDTHS
@@ -16,7 +16,7 @@ def fp64_rms_norm(x, w, eps, offset=0.0):
 
 
 def inputs(lead, n, dtype, device=KERNEL_DEVICE):
-    g = torch.Generator().manual_seed(hash((lead, n, str(dtype))) % 2**31)
+    g = torch.Generator().manual_seed(seed_of(lead, n, dtype))
     x = torch.randn(*lead, n, generator=g, dtype=torch.float32).to(device, dtype)
     r = torch.randn(*lead, n, generator=g, dtype=torch.float32).to(device, dtype)
     w = (1 + 0.1 * torch.randn(n, generator=g)).to(device, dtype)
