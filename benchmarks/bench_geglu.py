@@ -251,11 +251,11 @@ def sweep(shape_name, m, d, ff, kinds=("gate_up", "down", "dependent_launch")):
                                               (gu_cfg, down_cfg), fold=fold)
     results = {kind: [] for kind in kinds}
     for kind in kinds:
-        # "dependent_launch": the table's tiles, each way of launching the down kernel (GemmConfig.dependent_launch)
-        candidates = (SWEEP[shape_name][kind] if kind != "dependent_launch" else
-                      [dataclasses.replace(base_gu, dependent_launch=mode) for mode in DEPENDENT_LAUNCH_MODES])
-        for cand in candidates:
-            cfg = candidate_config(cand) if kind != "dependent_launch" else cand
+        # (label, config); "dependent_launch": the table's tiles, each way of launching the down kernel
+        candidates = ([(mode, dataclasses.replace(base_gu, dependent_launch=mode)) for mode in DEPENDENT_LAUNCH_MODES]
+                      if kind == "dependent_launch" else
+                      [(cand, candidate_config(cand)) for cand in SWEEP[shape_name][kind]])
+        for label, cfg in candidates:
             # Timed as the op would run it: blocks fitted to the problem (M = 32 at decode, say).
             run_cfg = cfg.fitted(m, d, ff) if kind == "down" else cfg.fitted(m, ff, d)
             cfgs = (base_gu, run_cfg) if kind == "down" else (run_cfg, base_down)
@@ -263,10 +263,9 @@ def sweep(shape_name, m, d, ff, kinds=("gate_up", "down", "dependent_launch")):
                 us = graph_time_us(run(*cfgs), calls_per_replay=CALLS_PER_REPLAY, repeats=15)
             except Exception as e:  # e.g. out of shared memory: report and go on
                 us = None
-                print(f"  {kind} {cand}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                print(f"  {kind} {label}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
             results[kind].append({"config": dataclasses.asdict(cfg), "forward_us": us})
-            print(f"  [{shape_name}] {kind} {cand if kind != 'dependent_launch' else cfg.dependent_launch}: {us}",
-                  flush=True)
+            print(f"  [{shape_name}] {kind} {label}: {us}", flush=True)
     return results
 
 
@@ -286,7 +285,6 @@ def compiled_kernels_report():
     except Exception as e:
         lines.append(f"unavailable: {type(e).__name__}: {e}")
     return lines
-
 
 
 def captured(step):
@@ -375,8 +373,8 @@ def to_markdown(meta, rows, train):
              f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}. µs per call, median; `graph` = "
              f"{CALLS_PER_REPLAY} calls captured in one CUDA graph; `eager launch` = launched from Python.", "",
              "| M × D → FF | ours (graph) | ours, LN not folded (graph) | ours, no PDL (graph) "
-             "| ours (eager launch) | eager | eager in graph | max-autotune in graph | best PyTorch / ours | rel. err ours "
-             "| rel. err ours, not folded | rel. err eager bf16 |",
+             "| ours (eager launch) | eager | eager in graph | max-autotune in graph | best PyTorch / ours "
+             "| rel. err ours | rel. err ours, not folded | rel. err eager bf16 |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         maxat = f"{r['maxat_graph_us']:.1f}" if "maxat_graph_us" in r else "not run"
@@ -390,7 +388,7 @@ def to_markdown(meta, rows, train):
         t = train
         lines += ["", "Training step (forward + backward), FP32 masters, bf16 input, CUDA bf16 autocast, µs per step "
                   "(`ours` replays the step from CUDA graphs after two eager calls, `sk/ops/_step_graphs.py`, "
-                  f"holding {t.get('step_graph_mib', float('nan')):.0f} MiB for it; `no replay`: `SK_STEP_GRAPHS=0`):",
+                  f"holding {t['step_graph_mib']:.0f} MiB for it; `no replay`: `SK_STEP_GRAPHS=0`):",
                   "",
                   "| M × D → FF | eager | ours | speedup | ours, no replay | speedup "
                   "| eager, masters updated each step | ours, same | speedup "

@@ -39,9 +39,10 @@ def compile_kernel(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool
     variant (LayerNorm scale folded into the weights, a plain GEMM)."""
     if kind == "gate_up":
         fn = geglu._gate_up_kernel
+        weight_rows = 2 * c.block_n if fold else c.block_n  # folded: gate and up rows interleaved in one tile
         signature = {"x_desc": _desc(c.block_m, c.block_k), "stats_ptr": "*fp32", "ln_w_ptr": "*fp32",
-                     "ln_b_ptr": "*fp32", "wg_desc": _desc(c.block_n * (2 if fold else 1), c.block_k),
-                     "wu_desc": _desc(c.block_n * (2 if fold else 1), c.block_k), "bg_ptr": "*fp32", "bu_ptr": "*fp32",
+                     "ln_b_ptr": "*fp32", "wg_desc": _desc(weight_rows, c.block_k),
+                     "wu_desc": _desc(weight_rows, c.block_k), "bg_ptr": "*fp32", "bu_ptr": "*fp32",
                      "fold_ptr": "*fp32", "h_ptr": "*bf16", "gu_ptr": "*bf16", "n_rows": "i32", "d": "i32",
                      "ff": "i32"}
         constexprs = dict(FF_ALIGN=geglu._align(ff), K_BLOCKS=geglu._cdiv(d, c.block_k), FOLD_LN=fold,

@@ -279,7 +279,9 @@ def test_signatures_are_captured_after_repeated_eager_calls_and_slots_are_reused
     second = _ctx()
     assert steps.forward(second, call) is not None  # the first slot is busy: a second one
     assert steps.forward(_ctx(), call) is None  # both busy, SLOTS reached: eagerly
+    assert slot.forward_graph.replays == 1 and slot.backward_graph.replays == 0
     grads = steps.backward(first, torch.ones(3))
+    assert slot.backward_graph.replays == 1
     assert torch.equal(grads[0], slot.grads[0]) and torch.equal(grads[1], slot.grads[1]) and grads[2] is None
     assert all(g.data_ptr() != b.data_ptr() for g, b in zip(grads[:2], slot.grads))  # copies, none a buffer
     del first  # autograd drops the ctx: its slot is free again

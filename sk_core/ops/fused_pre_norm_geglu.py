@@ -6,8 +6,8 @@ Three Triton kernels in the forward:
   2. `_gate_up_kernel`: one GEMM for gate and up together; each program owns the same columns of gate and up,
      sharing the x tile between both, and its epilogue writes gelu(g) · u. In inference the LayerNorm scale is
      folded into cached weights (`_folded_gate_up`, gate and up rows interleaved): one plain GEMM on x, the
-     statistics and the shift applied in the epilogue, which then splits gate from up. In training the prologue normalizes each x tile in registers instead (the backward
-     needs the unfolded weights anyway). Either way the normalized activation never goes through memory.
+     statistics and the shift applied in the epilogue, which then splits gate from up. In training the
+     prologue normalizes each x tile in registers instead (the backward needs the unfolded weights anyway). Either way the normalized activation never goes through memory.
      With the fold, nothing but the tensor cores reads the x tile in the loop: the row statistics come from
      pass 1. (Summing the rows from that tile in the loop too made Triton 3.6's pipeliner give the tile one
      shared-memory buffer fewer than its async wgmma needs: the next TMA load overwrote a tile still being
