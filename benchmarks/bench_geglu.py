@@ -197,19 +197,20 @@ def bench_training(m, d, ff):
     return row
 
 
-# Candidate (block_m, block_n, block_k, num_warps, num_stages[, split_k][, "swap"]) per shape for --sweep ("swap":
-# the products computed transposed, `GemmConfig.swap_ab`): those that
+# Candidate (block_m, block_n, block_k, num_warps, num_stages[, split_k][, markers]) per shape for --sweep;
+# markers: "swap" (the products computed transposed, `GemmConfig.swap_ab`), "p1"/"p2" (gate/up: a persistent
+# grid of 1 or 2 programs per SM, `programs_per_sm`), "tma" (gate/up: h stored by TMA, `tma_store`): those that
 # compile for sm90 without register spills (checked ahead with benchmarks/compile_report_geglu.py on a CPU
 # machine; the gate/up kernel swept is the inference one, γ folded: its 128 × 128 tiles spill 64 bytes in
 # the epilogue, the only exception kept).
 SWEEP = {
     "seed": {
-        "gate_up": [(128, 64, 64, 4, 3), (64, 64, 64, 4, 4), (128, 64, 64, 4, 4), (128, 64, 64, 8, 3),
-                    (128, 64, 32, 4, 5), (64, 64, 64, 4, 3), (128, 32, 64, 4, 4), (64, 128, 64, 4, 3),
-                    (64, 32, 64, 4, 4), (128, 128, 64, 8, 3)],
-        "down": [(64, 64, 64, 4, 3, 1), (64, 64, 64, 4, 4, 1), (64, 128, 64, 4, 3, 1), (64, 128, 64, 8, 3, 1),
-                 (128, 64, 64, 4, 3, 1), (128, 64, 64, 8, 3, 1), (64, 64, 128, 4, 3, 1), (128, 128, 64, 8, 3, 1),
-                 (128, 64, 64, 4, 3, 2)],
+        "gate_up": [(64, 64, 64, 4, 3), (128, 64, 64, 4, 3), (128, 64, 64, 4, 3, "tma"),
+                    (128, 64, 64, 4, 3, "p2"), (128, 64, 64, 4, 3, "p2", "tma"), (64, 64, 64, 4, 4, "p2", "tma"),
+                    (128, 128, 64, 8, 3, "tma"), (128, 64, 64, 8, 3, "p2", "tma")],
+        "down": [(64, 128, 64, 4, 3, 1), (64, 128, 64, 4, 4, 1), (64, 128, 64, 4, 5, 1), (64, 128, 64, 8, 3, 1),
+                 (64, 64, 64, 4, 3, 1), (128, 64, 64, 4, 3, 1), (64, 128, 64, 4, 3, 2), (64, 128, 64, 4, 4, 2),
+                 (64, 64, 64, 4, 4, 2), (128, 64, 64, 4, 3, 2)],
     },
     "decode": {
         "gate_up": [(64, 64, 64, 4, 4), (32, 64, 64, 4, 6), (32, 64, 64, 4, 4, "swap"), (32, 64, 128, 4, 4, "swap"),
@@ -218,8 +219,8 @@ SWEEP = {
                  (32, 64, 128, 4, 4, 4, "swap"), (32, 128, 128, 4, 4, 8, "swap"), (32, 64, 64, 4, 6, 8, "swap")],
     },
     "prefill": {
-        "gate_up": [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 32, 8, 5), (128, 64, 64, 8, 4),
-                    (128, 64, 64, 8, 3)],
+        "gate_up": [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 8, 3, "p1"),
+                    (128, 128, 64, 8, 4, "p1"), (128, 128, 64, 8, 4, "p1", "tma"), (128, 64, 64, 8, 4, "p2")],
         "down": [(128, 256, 64, 8, 3, 1), (128, 128, 64, 8, 3, 1), (128, 128, 64, 8, 4, 1), (128, 64, 128, 4, 3, 1)],
     },
 }
@@ -229,7 +230,9 @@ def candidate_config(candidate: tuple) -> "geglu.GemmConfig":
     """The GemmConfig of a SWEEP entry."""
     bm, bn, bk, warps, stages, *rest = candidate
     split = next((r for r in rest if isinstance(r, int)), 1)
-    return geglu.GemmConfig(bm, bn, bk, warps, stages, split_k=split, swap_ab="swap" in rest)
+    per_sm = next((int(r[1:]) for r in rest if isinstance(r, str) and r.startswith("p")), 0)
+    return geglu.GemmConfig(bm, bn, bk, warps, stages, split_k=split, swap_ab="swap" in rest,
+                            programs_per_sm=per_sm, tma_store="tma" in rest)
 
 
 DEPENDENT_LAUNCH_MODES = ("none", "after_stores", "at_start")

@@ -43,12 +43,14 @@ def compile_kernel(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool
         signature = {"x_desc": _desc(c.block_m, c.block_k), "stats_ptr": "*fp32", "ln_w_ptr": "*fp32",
                      "ln_b_ptr": "*fp32", "wg_desc": _desc(weight_rows, c.block_k),
                      "wu_desc": _desc(weight_rows, c.block_k), "bg_ptr": "*fp32", "bu_ptr": "*fp32",
-                     "fold_ptr": "*fp32", "h_ptr": "*bf16", "gu_ptr": "*bf16", "n_rows": "i32", "d": "i32",
-                     "ff": "i32"}
+                     "fold_ptr": "*fp32", "h_ptr": "*bf16",
+                     "h_desc": _desc(c.block_m, c.block_n) if c.tma_store else "*bf16", "gu_ptr": "*bf16",
+                     "n_rows": "i32", "d": "i32", "ff": "i32"}
         constexprs = dict(FF_ALIGN=geglu._align(ff), K_BLOCKS=geglu._cdiv(d, c.block_k), FOLD_LN=fold,
                           HAS_LN_BIAS=True, HAS_GATE_BIAS=True, HAS_UP_BIAS=True, STORE_PREACT=not fold,
                           APPROX_TANH=False, SWAP_AB=c.swap_ab and fold, PDL=c.dependent_launch != "none",
-                          DOWN_AT_START=c.dependent_launch == "at_start")
+                          DOWN_AT_START=c.dependent_launch == "at_start", PERSISTENT=c.programs_per_sm > 0,
+                          TMA_STORE=c.tma_store)
     else:
         fn = geglu._down_kernel
         signature = {"h_desc": _desc(c.block_m, c.block_k), "wd_desc": _desc(c.block_n, c.block_k),
@@ -110,8 +112,10 @@ def main(argv=None):
                     report = compile_report(kind, c, d, ff, fold)
                 except RuntimeError as e:  # a candidate the compiler rejects is not worth device time either
                     report = f"does not compile ({str(e).splitlines()[-1][:100]})"
+                markers = (" swap" * c.swap_ab + (f" p{c.programs_per_sm}" if c.programs_per_sm else "")
+                           + " tma" * c.tma_store)
                 print(f"[{name}] {kind}{variant} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} "
-                      f"s{c.num_stages} split{c.split_k}{' swap' if c.swap_ab else ''}: {report}", flush=True)
+                      f"s{c.num_stages} split{c.split_k}{markers}: {report}", flush=True)
 
 
 if __name__ == "__main__":

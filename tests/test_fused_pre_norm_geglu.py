@@ -89,17 +89,19 @@ def poisoned_outputs(monkeypatch):
 @pytest.mark.parametrize("m,d,ff,split_k", [(1, 48, 200, 1), (7, 40, 72, 1), (33, 64, 48, 4), (20, 72, 104, 2)])
 @pytest.mark.parametrize("bias,approximate", [(True, "none"), (False, "tanh")])
 @pytest.mark.parametrize("fold", [False, True])
-@pytest.mark.parametrize("swap_ab", [False, True])
-def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approximate, fold, swap_ab, poisoned_outputs):
+@pytest.mark.parametrize("launch", [{}, {"swap_ab": True}, {"programs_per_sm": 1, "tma_store": True}],
+                         ids=["plain", "swap", "persistent"])
+def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approximate, fold, launch, poisoned_outputs):
     """fold: inference's path (γ folded into the gate/up weights, the statistics summed in the gate/up kernel);
     else training's (a statistics pass that also stores the normalized activation, normalized in the prologue,
-    pre-activations stored). swap_ab: the products computed transposed (decode's configs; the gate/up kernel
-    only with fold)."""
+    pre-activations stored). swap: the products computed transposed (decode's configs; the gate/up kernel
+    only with fold). persistent: gate/up programs walking several tiles each (two programs in the interpreter)
+    and storing h by TMA."""
     params = make_params(d, ff, bias=bias, seed=m + d)
     for i in (2, 4, 6):  # the projections compute in the activation dtype; the oracle sees the same values
         params[i] = params[i].to(dtype)
     x = make_x(m, d, dtype)
-    tile = dataclasses.replace(SMALL, swap_ab=swap_ab)
+    tile = dataclasses.replace(SMALL, **launch)
     configs = (tile.fitted(m, ff, d), dataclasses.replace(tile.fitted(m, d, ff), split_k=split_k))
     args = list(params)
     folded = geglu._fold(*params[:6], dtype) if fold else None
@@ -221,17 +223,18 @@ def test_eager_calls_skip_the_custom_op_dispatch(monkeypatch):
 @needs_interpreter
 @pytest.mark.parametrize("m", [65, 200])
 def test_interpreted_inference_with_the_tables_configs_and_a_partial_row_tile(m):
-    """The op's own configs at the seed width (64-row tiles), M not a multiple of them (a partial tile of one
-    row; of eight rows): the last tile's rows past M come zero-filled from TMA and are never stored.
-    (The H200 failure at M = 1000 was not this: see the next test; this shows the interpreter agrees at the
-    GPU's tile shapes.)"""
+    """The op's own configs at the seed width (gate/up: 128-row tiles on a persistent grid, h stored by TMA;
+    down: 64-row tiles), M not a multiple of them (partial tiles of 65 and 72 rows; of one and eight rows):
+    the last tile's rows past M come zero-filled from TMA and are never stored. (The H200 failure at M = 1000
+    was not this: see the next test; this shows the interpreter agrees at the GPU's tile shapes.)"""
     d, ff = 768, 1448
     params = make_params(d, ff, seed=m + d + ff)
     x = make_x(m, d, torch.float16, seed=m)
     with torch.no_grad(), sk.coverage.strict():
         y = sk.ops.fused_pre_norm_geglu(x, *params, EPS)
     gate_up, down = geglu.choose_configs(m, d, ff)
-    assert gate_up.block_m == down.block_m == 64 and m % 64
+    assert gate_up.block_m == 128 and gate_up.programs_per_sm and gate_up.tma_store and down.block_m == 64
+    assert m % 128 and m % 64
     assert rel_err(y, fp64_block(x, *params)) < TOL[torch.float16]
 
 
@@ -553,3 +556,23 @@ def test_gpu_dependent_launch_gives_the_stream_order_bits(m, d, ff, training, mo
         for i, (a, b) in enumerate(zip(got, want)):
             assert torch.equal(a, b), f"call {i}"
     assert all(torch.equal(a, b) for a, b in zip(calls(), want))  # and launched eagerly
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,d,ff", [(1000, 768, 1448), (4097, 768, 1448), (8192, 2048, 16384)])
+def test_gpu_persistent_gate_up_gives_the_one_program_per_tile_bits(m, d, ff):
+    """The seed and prefill classes run gate/up on a persistent grid (each program walks several tiles), the
+    seed class storing h by TMA: every tile must be computed once, edges clipped, with the same bits as one
+    program per tile storing through masks."""
+    persistent, down = geglu.choose_configs(m, d, ff)
+    assert persistent.programs_per_sm > 0
+    per_tile = dataclasses.replace(persistent, programs_per_sm=0, tma_store=False)
+    params = list(make_params(d, ff, device="cuda", dtype=torch.bfloat16))
+    x = make_x(m, d, torch.bfloat16, "cuda")
+    folded, fold = geglu._fold(*params[:6], torch.bfloat16)
+    args = params[:2] + [folded, params[3], None] + params[5:]
+    poison_allocator((m, d), (m, ff))
+    outs = [geglu._forward_kernels(x, *args, EPS, "none", False, (c, down), fold=fold)[0]
+            for c in (persistent, per_tile)]
+    assert not outs[0].isnan().any()
+    assert torch.equal(*outs)

@@ -6,6 +6,7 @@ Implementations compared side by side have their replays interleaved.
 """
 from __future__ import annotations
 
+import random
 import statistics
 from typing import Callable
 
@@ -35,6 +36,10 @@ def side_by_side_us(
 ) -> dict[str, float | None]:
     """Median µs per call of each fn, their replays interleaved so that clock or thermal drift hits all alike.
 
+    Under the H200's power limit a GEMM-bound graph timed right after a lighter one ran up to 12 % faster than
+    back to back with its peers (results/h200/geglu/2026-11-30/sixth-run/prefill-spread/): so each timed replay
+    follows an untimed one of the same graph, and every round takes them in a fresh (seeded) random order, so
+    that each fn follows each other about equally often.
     A fn that fails to run or capture gets None (and `on_error` is told why).
     """
     graphs = {}
@@ -45,8 +50,11 @@ def side_by_side_us(
             on_error(name, e)
     times = {name: [] for name in graphs}
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    order, shuffle = list(graphs.items()), random.Random(0).shuffle
     for _ in range(repeats):
-        for name, graph in graphs.items():
+        shuffle(order)
+        for name, graph in order:
+            graph.replay()
             start.record()
             graph.replay()
             end.record()

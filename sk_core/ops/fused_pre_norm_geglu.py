@@ -7,12 +7,14 @@ Three Triton kernels in the forward:
      sharing the x tile between both, and its epilogue writes gelu(g) · u. In inference the LayerNorm scale is
      folded into cached weights (`_folded_gate_up`, gate and up rows interleaved): one plain GEMM on x, the
      statistics and the shift applied in the epilogue, which then splits gate from up. In training the
-     prologue normalizes each x tile in registers instead (the backward needs the unfolded weights anyway). Either way the normalized activation never goes through memory.
+     prologue normalizes each x tile in registers instead (the backward needs the unfolded weights anyway).
+     Either way the normalized activation never goes through memory.
      With the fold, nothing but the tensor cores reads the x tile in the loop: the row statistics come from
      pass 1. (Summing the rows from that tile in the loop too made Triton 3.6's pipeliner give the tile one
      shared-memory buffer fewer than its async wgmma needs: the next TMA load overwrote a tile still being
      read, wrong results on the H200 at 64-row tiles; `tests/test_fused_pre_norm_geglu.py` checks the
-     buffers of the compiled sm90 kernel.)
+     buffers of the compiled sm90 kernel.) At the seed and prefill shapes its grid is persistent (a program
+     walks several tiles, loading the next one's operands during this one's epilogue).
   3. `_down_kernel`: h @ down_weightᵀ with bias and residual in the epilogue. When the output has too few tiles
      to fill the GPU (decode), K is split across programs that each write an fp32 partial; the last program to
      finish a tile (counted with an atomic; pass 1 zeroes the counters, so no memset launch) sums the partials
@@ -145,12 +147,42 @@ def _tile_product(a_desc, b_desc, a_row, b_row, k_first, K_STEPS: tl.constexpr, 
 
 @triton.jit(do_not_specialize=["n_rows"])
 def _gate_up_kernel(
-    x_desc, stats_ptr, ln_w_ptr, ln_b_ptr, wg_desc, wu_desc, bg_ptr, bu_ptr, fold_ptr, h_ptr, gu_ptr,
+    x_desc, stats_ptr, ln_w_ptr, ln_b_ptr, wg_desc, wu_desc, bg_ptr, bu_ptr, fold_ptr, h_ptr, h_desc, gu_ptr,
     n_rows, d, ff,
     FF_ALIGN: tl.constexpr, K_BLOCKS: tl.constexpr, FOLD_LN: tl.constexpr,
     HAS_LN_BIAS: tl.constexpr, HAS_GATE_BIAS: tl.constexpr, HAS_UP_BIAS: tl.constexpr,
     STORE_PREACT: tl.constexpr, APPROX_TANH: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr,
-    DOWN_AT_START: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOWN_AT_START: tl.constexpr, PERSISTENT: tl.constexpr, TMA_STORE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # Programs walk the tiles a grid apart: one tile each when the grid covers them. PERSISTENT (a grid of a
+    # few programs per SM): the loop over tiles is flattened with the K loop, so that the next tile's operand
+    # loads are in flight during this tile's epilogue. The loop's bound is a run-time value: Triton 3.6's
+    # interpreter needs NumPy < 2.4 for that (triton-lang/triton#9171), as the CI environment pins.
+    # PDL: launched while the statistics kernel runs (see `_gate_up_tile`). The down kernel may launch once
+    # every program has started (DOWN_AT_START) or has stored its tiles.
+    if PDL and DOWN_AT_START:
+        gdc_launch_dependents()
+    if PDL and not FOLD_LN:
+        gdc_wait()
+    num_m, num_n = tl.cdiv(n_rows, BLOCK_M), tl.cdiv(ff, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=PERSISTENT):
+        _gate_up_tile(tile, num_m, num_n, x_desc, stats_ptr, ln_w_ptr, ln_b_ptr, wg_desc, wu_desc, bg_ptr, bu_ptr,
+                      fold_ptr, h_ptr, h_desc, gu_ptr, n_rows, d, ff, FF_ALIGN, K_BLOCKS, FOLD_LN, HAS_LN_BIAS,
+                      HAS_GATE_BIAS, HAS_UP_BIAS, STORE_PREACT, APPROX_TANH, SWAP_AB, PDL, TMA_STORE,
+                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    if PDL and not DOWN_AT_START:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _gate_up_tile(
+    tile, num_m, num_n, x_desc, stats_ptr, ln_w_ptr, ln_b_ptr, wg_desc, wu_desc, bg_ptr, bu_ptr, fold_ptr, h_ptr,
+    h_desc, gu_ptr, n_rows, d, ff,
+    FF_ALIGN: tl.constexpr, K_BLOCKS: tl.constexpr, FOLD_LN: tl.constexpr,
+    HAS_LN_BIAS: tl.constexpr, HAS_GATE_BIAS: tl.constexpr, HAS_UP_BIAS: tl.constexpr,
+    STORE_PREACT: tl.constexpr, APPROX_TANH: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr,
+    TMA_STORE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
     # Operand tiles arrive through TMA descriptors, which zero-fill past the edges: rows past n_rows and
@@ -165,21 +197,17 @@ def _gate_up_kernel(
     # Otherwise (training) the prologue normalizes each x tile and two products share it.
     # SWAP_AB (folded only; decode): the product runs transposed, W·xᵀ, so that the weight tile's rows fill
     # wgmma's 64-row side and the few token rows its narrow side (a tile of < 64 rows otherwise runs mma.sync).
-    # PDL: launched while the statistics kernel runs; x and the weights are older than that kernel, the
-    # statistics are read after gdc_wait (with the fold, only in the epilogue: the whole GEMM overlaps it).
-    # The down kernel may launch once every program has started (DOWN_AT_START) or has stored its tile.
-    if PDL and DOWN_AT_START:
-        gdc_launch_dependents()
-    if PDL and not FOLD_LN:
-        gdc_wait()
+    # PDL: x and the weights are older than the statistics kernel, the statistics are read after gdc_wait
+    # (with the fold, only in the epilogue: the whole GEMM overlaps that kernel; without, the caller waited).
+    # TMA_STORE: h leaves through a descriptor (which clips at the edges) instead of masked stores.
     ff_stride = ff // FF_ALIGN * FF_ALIGN  # == ff, written so the compiler knows its alignment (wide stores)
-    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.cdiv(ff, BLOCK_N), GROUP_M)
+    pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = offs_m < n_rows
     col_ok = offs_n < ff
-    # Loop counts are compile-time (d_model and d_ff are model constants; a run-time bound breaks Triton's
-    # interpreter under NumPy >= 2.4), kept rolled: unrolled, the loop would spill registers.
+    # K loop counts are compile-time (d_model and d_ff are model constants), kept rolled: unrolled, the loop
+    # would spill registers.
     if FOLD_LN:
         acc = _tile_product(x_desc, wg_desc, pid_m * BLOCK_M, pid_n * 2 * BLOCK_N, 0, K_BLOCKS, SWAP_AB,
                             BLOCK_M, 2 * BLOCK_N, BLOCK_K)
@@ -220,13 +248,14 @@ def _gate_up_kernel(
     out_rows = offs_m.to(tl.int64)[:, None]
     out_cols = offs_n[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
-    tl.store(h_ptr + out_rows * ff_stride + out_cols, (act * acc_u).to(h_ptr.dtype.element_ty), mask=mask)
+    if TMA_STORE:
+        h_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], (act * acc_u).to(h_desc.dtype))
+    else:
+        tl.store(h_ptr + out_rows * ff_stride + out_cols, (act * acc_u).to(h_ptr.dtype.element_ty), mask=mask)
     if STORE_PREACT:  # gate and up pre-activations, [g | u] per row, for the backward
         gu_ptrs = gu_ptr + out_rows * (2 * ff_stride) + out_cols
         tl.store(gu_ptrs, acc_g.to(gu_ptr.dtype.element_ty), mask=mask)
         tl.store(gu_ptrs + ff_stride, acc_u.to(gu_ptr.dtype.element_ty), mask=mask)
-    if PDL and not DOWN_AT_START:
-        gdc_launch_dependents()
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -355,6 +384,10 @@ class GemmConfig:
     # Gate/up only (see `PDL`): "none" (plain stream order), "after_stores" (the down kernel launches as the
     # gate/up programs finish) or "at_start" (once every gate/up program has started; its programs then wait).
     dependent_launch: str = "none"
+    # Gate/up only: programs_per_sm > 0 launches at most that many programs per SM, each walking several tiles
+    # (a persistent grid; 0: one program per tile); tma_store: h leaves through a TMA descriptor.
+    programs_per_sm: int = 0
+    tma_store: bool = False
 
     def fitted(self, m: int, n: int, k: int) -> "GemmConfig":
         """The same config with blocks no larger than the problem (16 is tl.dot's smallest side), swapped only
@@ -372,24 +405,29 @@ class GemmConfig:
 # tiles, so that the seed shape's 368 gate/up and 96 down programs are all resident at once; decode's swap from
 # .../second-run/decode-swap/bench_geglu_sweep.json, one run, 0.3-0.6 µs of ~61 per kernel); no autotuning at
 # call time, so every call (and CUDA-graph capture) launches an already-chosen kernel. Decode splits the down
-# projection's K so that its few output tiles still spread over the GPU. "large" gate/up: 3 stages from
-# .../2026-11-30/fourth-run/prefill/bench_geglu_sweep.json (2709 µs against 2756 with 4, one product for gate
-# and up). The dependent launch per class from the sweeps in .../2026-11-30/third-run/ and fourth-run/ (µs per
-# forward in a graph, none / after_stores / at_start): decode 59.2 / 58.3 / 57.6 and 60.2 / 59.8 / 59.0,
-# seed 32.7 / 32.3 / 45.4 and 32.5 / 32.3 / 45.3 (launched at gate/up's start, the down programs take SM
-# slots that gate/up's own programs are waiting for), prefill 2824 / 2815 / 2806 and 2738 / 2728 / 2733
-# (within the run-to-run spread there: left in plain stream order).
+# projection's K so that its few output tiles still spread over the GPU. The dependent launch per class from
+# the sweeps in .../2026-11-30/third-run/ and fourth-run/ (µs per forward in a graph, none / after_stores /
+# at_start): decode 59.2 / 58.3 / 57.6 and 60.2 / 59.8 / 59.0, seed 32.7 / 32.3 / 45.4 and 32.5 / 32.3 / 45.3
+# (launched at gate/up's start, the down programs take SM slots that gate/up's own programs are waiting for),
+# prefill 2824 / 2815 / 2806 and 2738 / 2728 / 2733 (within the run-to-run spread there: left in plain stream
+# order). "small" and "large" gate/up on a persistent grid from .../2026-11-30/sixth-run/persistent/ (the folded
+# gate/up kernel alone in a graph, two runs): seed 128 × 64 tiles, 2 programs per SM, h stored by TMA,
+# 14.3-14.5 µs against 18.6 for the 64 × 64 tiles before (masked stores: 17.4; the store alone took 128 × 128
+# tiles from 15.9 to 15.0); prefill 4 stages, 1 program per SM, 1756-1794 µs against 1913-1937 (one program
+# per tile had run best with 3 stages, .../fourth-run/prefill/; TMA stores were slower there, 1817). The whole
+# forward (.../sixth-run/tables-run/ sweep): seed 28.3 µs against 32.9.
 GATE_UP_CONFIGS = {
     "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4, swap_ab=True,
                          dependent_launch="at_start"),
-    "small": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3,
-                        dependent_launch="after_stores"),
-    "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
+    "small": GemmConfig(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3, programs_per_sm=2,
+                        tma_store=True, dependent_launch="after_stores"),
+    "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, programs_per_sm=1),
 }
 # Training's gate/up kernel (prologue normalization, pre-activations stored) needs more registers: at the seed
-# shape the inference tile with 4 warps spills 264 bytes on sm90, with 8 warps none (compile_report_geglu.py;
-# not yet timed). At "large", 128 × 128 spills 240 bytes either way; 128 × 64 does not (to be swept); its
-# stages stay at 4 (the inference sweep that moved "large" to 3 timed the folded kernel only).
+# shape a 64 × 64 tile with 4 warps spills 264 bytes on sm90, with 8 warps none (compile_report_geglu.py;
+# not yet timed). At "large", 128 × 128 spills 240 bytes either way; 128 × 64 does not (to be swept). Training
+# keeps one program per tile: its step is bound by the host at the seed shape, and the persistent grid was
+# timed for the folded kernel only.
 TRAINING_GATE_UP_CONFIGS = {
     **GATE_UP_CONFIGS,
     "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3,
@@ -436,6 +474,12 @@ def _next_power_of_2(n: int) -> int:
 def _align(n: int) -> int:
     """The largest power of two up to 16 dividing n: the row alignment the kernels may assume."""
     return min(16, n & -n)
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    """The SMs a persistent grid fills; in the interpreter (CPU tensors) 2, so that its programs walk tiles."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
 
 
 # ----------------------------------------------------------------------------------------------- weight copies
@@ -603,15 +647,19 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     h = torch.empty((m, ff), dtype=dtype, device=dev)
     c = gate_up
     tma = _descriptor  # zero-filled past the edges; blocks as the kernel's tiles
-    _gate_up_kernel[(_cdiv(m, c.block_m) * _cdiv(ff, c.block_n),)](
+    programs = _cdiv(m, c.block_m) * _cdiv(ff, c.block_n)  # one per tile, or (persistent) a few per SM
+    if c.programs_per_sm:
+        programs = min(programs, c.programs_per_sm * _sm_count(dev))
+    _gate_up_kernel[(programs,)](
         tma(x2, [c.block_m, c.block_k]), stats, ln_w, ln_b,
         *((tma(wg, [2 * c.block_n, c.block_k]),) * 2 if fold is not None else
           (tma(wg, [c.block_n, c.block_k]), tma(wu, [c.block_n, c.block_k]))), bg, bu,
-        fold if fold is not None else stats, h, gu, m, d, ff,  # stats: unread without FOLD_LN
+        fold if fold is not None else stats, h,  # stats: unread without FOLD_LN
+        tma(h, [c.block_m, c.block_n]) if c.tma_store else h, gu, m, d, ff,
         FF_ALIGN=ff_align, K_BLOCKS=_cdiv(d, c.block_k), FOLD_LN=fold is not None,
         HAS_LN_BIAS=ln_b is not None, HAS_GATE_BIAS=bg is not None, HAS_UP_BIAS=bu is not None,
         STORE_PREACT=save_for_backward, APPROX_TANH=approx_tanh, SWAP_AB=c.swap_ab and fold is not None, PDL=pdl,
-        DOWN_AT_START=c.dependent_launch == "at_start",
+        DOWN_AT_START=c.dependent_launch == "at_start", PERSISTENT=c.programs_per_sm > 0, TMA_STORE=c.tma_store,
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
         num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl,
     )
