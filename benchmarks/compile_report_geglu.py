@@ -101,7 +101,7 @@ def main(argv=None):
         # (kind, variant, whether the gate/up kernel is the folded inference one, configs to compile)
         gate_up, down = geglu.choose_configs(m, d, ff)
         runs = [("gate_up", " inference (folded)", True, [gate_up]),
-                ("gate_up", " training", False, [geglu.choose_configs(m, d, ff, training=True)[0]]),
+                ("gate_up", " training", False, [geglu.choose_configs(m, d, ff, "training")[0]]),
                 ("down", "", False, [down])]
         for kind, variant, fold, candidates in runs:
             if args.sweep and variant != " training":  # the sweep times inference

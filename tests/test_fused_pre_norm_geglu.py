@@ -561,9 +561,10 @@ def test_gpu_dependent_launch_gives_the_stream_order_bits(m, d, ff, training, mo
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,d,ff", [(1000, 768, 1448), (4097, 768, 1448), (8192, 2048, 16384)])
 def test_gpu_persistent_gate_up_gives_the_one_program_per_tile_bits(m, d, ff):
-    """The seed and prefill classes run gate/up on a persistent grid (each program walks several tiles), the
-    seed class storing h by TMA: every tile must be computed once, edges clipped, with the same bits as one
-    program per tile storing through masks."""
+    """The seed and prefill classes run gate/up on a persistent grid, the seed class storing h by TMA: every
+    tile must be computed once, edges clipped, with the same bits as one program per tile storing through
+    masks. Where tiles outnumber the programs (M = 4097: 33 × 23 tiles for 264 programs; prefill) a program
+    walks several; at M = 1000 (184 tiles) each takes one."""
     persistent, down = geglu.choose_configs(m, d, ff)
     assert persistent.programs_per_sm > 0
     per_tile = dataclasses.replace(persistent, programs_per_sm=0, tma_store=False)

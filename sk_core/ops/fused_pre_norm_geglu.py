@@ -13,8 +13,9 @@ Three Triton kernels in the forward:
      pass 1. (Summing the rows from that tile in the loop too made Triton 3.6's pipeliner give the tile one
      shared-memory buffer fewer than its async wgmma needs: the next TMA load overwrote a tile still being
      read, wrong results on the H200 at 64-row tiles; `tests/test_fused_pre_norm_geglu.py` checks the
-     buffers of the compiled sm90 kernel.) At the seed and prefill shapes its grid is persistent (a program
-     walks several tiles, loading the next one's operands during this one's epilogue).
+     buffers of the compiled sm90 kernel.) With the fold, its grid in the seed and prefill classes is
+     persistent: where tiles outnumber the programs, a program walks several, loading the next one's operands
+     during this one's epilogue.
   3. `_down_kernel`: h @ down_weightᵀ with bias and residual in the epilogue. When the output has too few tiles
      to fill the GPU (decode), K is split across programs that each write an fp32 partial; the last program to
      finish a tile (counted with an atomic; pass 1 zeroes the counters, so no memset launch) sums the partials
@@ -155,10 +156,11 @@ def _gate_up_kernel(
     DOWN_AT_START: tl.constexpr, PERSISTENT: tl.constexpr, TMA_STORE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    # Programs walk the tiles a grid apart: one tile each when the grid covers them. PERSISTENT (a grid of a
-    # few programs per SM): the loop over tiles is flattened with the K loop, so that the next tile's operand
-    # loads are in flight during this tile's epilogue. The loop's bound is a run-time value: Triton 3.6's
-    # interpreter needs NumPy < 2.4 for that (triton-lang/triton#9171), as the CI environment pins.
+    # PERSISTENT (a grid of a few programs per SM): programs walk the tiles a grid apart, in a loop flattened
+    # with the K loop, so that the next tile's operand loads are in flight during this tile's epilogue. The
+    # loop's bound is a run-time value, which Triton 3.6's interpreter handles only under NumPy < 2.4
+    # (triton-lang/triton#9171; the test extra pins it). Otherwise one program per tile, without the loop: even
+    # a loop of one trip changes the register allocation (more registers and spills at the training tiles).
     # PDL: launched while the statistics kernel runs (see `_gate_up_tile`). The down kernel may launch once
     # every program has started (DOWN_AT_START) or has stored its tiles.
     if PDL and DOWN_AT_START:
@@ -166,11 +168,17 @@ def _gate_up_kernel(
     if PDL and not FOLD_LN:
         gdc_wait()
     num_m, num_n = tl.cdiv(n_rows, BLOCK_M), tl.cdiv(ff, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=PERSISTENT):
-        _gate_up_tile(tile, num_m, num_n, x_desc, stats_ptr, ln_w_ptr, ln_b_ptr, wg_desc, wu_desc, bg_ptr, bu_ptr,
-                      fold_ptr, h_ptr, h_desc, gu_ptr, n_rows, d, ff, FF_ALIGN, K_BLOCKS, FOLD_LN, HAS_LN_BIAS,
-                      HAS_GATE_BIAS, HAS_UP_BIAS, STORE_PREACT, APPROX_TANH, SWAP_AB, PDL, TMA_STORE,
-                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    if PERSISTENT:
+        for tile in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=True):
+            _gate_up_tile(tile, num_m, num_n, x_desc, stats_ptr, ln_w_ptr, ln_b_ptr, wg_desc, wu_desc, bg_ptr,
+                          bu_ptr, fold_ptr, h_ptr, h_desc, gu_ptr, n_rows, d, ff, FF_ALIGN, K_BLOCKS, FOLD_LN,
+                          HAS_LN_BIAS, HAS_GATE_BIAS, HAS_UP_BIAS, STORE_PREACT, APPROX_TANH, SWAP_AB, PDL,
+                          TMA_STORE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    else:
+        _gate_up_tile(tl.program_id(0), num_m, num_n, x_desc, stats_ptr, ln_w_ptr, ln_b_ptr, wg_desc, wu_desc,
+                      bg_ptr, bu_ptr, fold_ptr, h_ptr, h_desc, gu_ptr, n_rows, d, ff, FF_ALIGN, K_BLOCKS, FOLD_LN,
+                      HAS_LN_BIAS, HAS_GATE_BIAS, HAS_UP_BIAS, STORE_PREACT, APPROX_TANH, SWAP_AB, PDL,
+                      TMA_STORE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     if PDL and not DOWN_AT_START:
         gdc_launch_dependents()
 
@@ -413,9 +421,10 @@ class GemmConfig:
 # order). "small" and "large" gate/up on a persistent grid from .../2026-11-30/sixth-run/persistent/ (the folded
 # gate/up kernel alone in a graph, two runs): seed 128 × 64 tiles, 2 programs per SM, h stored by TMA,
 # 14.3-14.5 µs against 18.6 for the 64 × 64 tiles before (masked stores: 17.4; the store alone took 128 × 128
-# tiles from 15.9 to 15.0); prefill 4 stages, 1 program per SM, 1756-1794 µs against 1913-1937 (one program
-# per tile had run best with 3 stages, .../fourth-run/prefill/; TMA stores were slower there, 1817). The whole
-# forward (.../sixth-run/tables-run/ sweep): seed 28.3 µs against 32.9.
+# tiles from 15.9 to 15.0; the seed shape's 184 tiles take one program each, and the flattened loop's code is
+# still faster than without flattening, 15.0); prefill 4 stages, 1 program per SM, 1756-1794 µs against
+# 1913-1937 (one program per tile had run best with 3 stages, .../fourth-run/prefill/; TMA stores were slower
+# there, 1817). The whole forward (.../sixth-run/tables-run/ sweep): seed 28.3 µs against 32.9.
 GATE_UP_CONFIGS = {
     "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4, swap_ab=True,
                          dependent_launch="at_start"),
@@ -423,16 +432,24 @@ GATE_UP_CONFIGS = {
                         tma_store=True, dependent_launch="after_stores"),
     "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, programs_per_sm=1),
 }
-# Training's gate/up kernel (prologue normalization, pre-activations stored) needs more registers: at the seed
-# shape a 64 × 64 tile with 4 warps spills 264 bytes on sm90, with 8 warps none (compile_report_geglu.py;
-# not yet timed). At "large", 128 × 128 spills 240 bytes either way; 128 × 64 does not (to be swept). Training
-# keeps one program per tile: its step is bound by the host at the seed shape, and the persistent grid was
-# timed for the folded kernel only.
-TRAINING_GATE_UP_CONFIGS = {
+# The gate/up kernel normalizing x in its prologue (inference without the fold), one program per tile: the
+# persistent grid was timed for the folded kernel only (unfolded, it spilled at prefill and ran ~11 % slower).
+# "small" as the folded kernel's table had it before (unfolded whole forward 37.8 µs, against 45.8 with
+# training's tile: .../2026-11-30/sixth-run/baseline/ and review-run/); "large" with 4 stages, as training's
+# (3187 µs in review-run/; 3253-3411 with 3 stages in the day's earlier runs).
+PROLOGUE_GATE_UP_CONFIGS = {
     **GATE_UP_CONFIGS,
-    "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3,
+    "small": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3,
                         dependent_launch="after_stores"),
     "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
+}
+# Training's (the prologue kernel storing the pre-activations too) needs more registers: at the seed shape a
+# 64 × 64 tile with 4 warps spills 264 bytes on sm90, with 8 warps none (compile_report_geglu.py; not yet
+# timed). At "large", 128 × 128 spills 240 bytes either way; 128 × 64 does not (to be swept).
+TRAINING_GATE_UP_CONFIGS = {
+    **PROLOGUE_GATE_UP_CONFIGS,
+    "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3,
+                        dependent_launch="after_stores"),
 }
 DOWN_CONFIGS = {
     "decode": GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=8, swap_ab=True),
@@ -448,13 +465,15 @@ def shape_class(m: int, d: int, ff: int) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def choose_configs(m: int, d: int, ff: int, training: bool = False) -> tuple[GemmConfig, GemmConfig]:
+def choose_configs(m: int, d: int, ff: int, gate_up_kernel: str = "folded") -> tuple[GemmConfig, GemmConfig]:
     """(gate_up, down) configs for this shape: its class's, with blocks no larger than the problem and K split
-    no finer than 4 blocks per split. `training`: the forward saves for the backward."""
+    no finer than 4 blocks per split. `gate_up_kernel`: "folded" (inference on folded weights), "prologue"
+    (inference normalizing x in the prologue) or "training" (that, storing the pre-activations too)."""
     cls = shape_class(m, d, ff)
     down = DOWN_CONFIGS[cls].fitted(m, d, ff)
     split = max(1, min(down.split_k, _cdiv(ff, down.block_k) // 4))
-    gate_up = (TRAINING_GATE_UP_CONFIGS if training else GATE_UP_CONFIGS)[cls]
+    gate_up = {"folded": GATE_UP_CONFIGS, "prologue": PROLOGUE_GATE_UP_CONFIGS,
+               "training": TRAINING_GATE_UP_CONFIGS}[gate_up_kernel][cls]
     return gate_up.fitted(m, ff, d), dataclasses.replace(down, split_k=split)
 
 
@@ -622,7 +641,8 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     gu = torch.empty((m, 2 * ff) if save_for_backward else 0, dtype=dtype, device=dev)
     if m == 0:
         return y, stats, xn, gu
-    gate_up, down = configs or choose_configs(m, d, ff, save_for_backward)
+    gate_up, down = configs or choose_configs(
+        m, d, ff, "training" if save_for_backward else "prologue" if fold is None else "folded")
     pdl = PDL and gate_up.dependent_launch != "none"
     d_align, ff_align = _align(d), _align(ff)
     approx_tanh = approximate == "tanh"
