@@ -243,10 +243,9 @@ def sweep(shape_name, m, d, ff, kinds=("gate_up", "down", "dependent_launch")):
     block, x = make_problem(m, d, ff)
     block = block.to(torch.bfloat16)
     ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps = op_args(block)
-    base_gu, base_down = geglu.choose_configs(m, d, ff)
-
     # As inference runs the op: the LayerNorm scale folded into the gate/up weights (unless SK_GEGLU_FOLD_LN=0).
     folded = geglu._folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, x.dtype) if geglu.FOLD_LN else None
+    base_gu, base_down = geglu.choose_configs(m, d, ff, "folded" if folded is not None else "prologue")
     gate_up_weights = (wg, wu, None) if folded is None else (folded[0], None, folded[1])
 
     def run(gu_cfg, down_cfg):

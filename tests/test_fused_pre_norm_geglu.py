@@ -248,6 +248,16 @@ def test_decode_configs_swap_only_below_64_rows():
     assert not any(c.swap_ab for c in geglu.choose_configs(1000, 768, 1448))
 
 
+@pytest.mark.parametrize("m,d,ff", [(1024, 768, 1448), (8192, 2048, 16384)])
+def test_only_the_folded_gate_up_kernel_runs_on_a_persistent_grid(m, d, ff):
+    """The persistent grid and the TMA store of h were timed for the folded inference kernel; the prologue
+    kernels (inference without the fold, training) keep one program per tile."""
+    assert geglu.choose_configs(m, d, ff, "folded")[0].programs_per_sm > 0
+    for kernel in ("prologue", "training"):
+        gate_up = geglu.choose_configs(m, d, ff, kernel)[0]
+        assert gate_up.programs_per_sm == 0 and not gate_up.tma_store, (kernel, gate_up)
+
+
 # ------------------------------------------------------------------------------------ compiled for sm90 (any machine)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

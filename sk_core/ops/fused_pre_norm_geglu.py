@@ -159,8 +159,10 @@ def _gate_up_kernel(
     # PERSISTENT (a grid of a few programs per SM): programs walk the tiles a grid apart, in a loop flattened
     # with the K loop, so that the next tile's operand loads are in flight during this tile's epilogue. The
     # loop's bound is a run-time value, which Triton 3.6's interpreter handles only under NumPy < 2.4
-    # (triton-lang/triton#9171; the test extra pins it). Otherwise one program per tile, without the loop: even
-    # a loop of one trip changes the register allocation (more registers and spills at the training tiles).
+    # (triton-lang/triton#9171; the test extra pins it). Otherwise one program per tile, without the loop: a
+    # loop of one trip changes the register allocation (training at prefill spilled 504 bytes instead of 240),
+    # though it had made the unfolded decode kernel faster (62 µs forward against 72; not kept: untimed
+    # elsewhere, and that path only runs without the fold).
     # PDL: launched while the statistics kernel runs (see `_gate_up_tile`). The down kernel may launch once
     # every program has started (DOWN_AT_START) or has stored its tiles.
     if PDL and DOWN_AT_START:
