@@ -223,9 +223,9 @@ def test_eager_calls_skip_the_custom_op_dispatch(monkeypatch):
 @needs_interpreter
 @pytest.mark.parametrize("m", [65, 200])
 def test_interpreted_inference_with_the_tables_configs_and_a_partial_row_tile(m):
-    """The op's own configs at the seed width (gate/up: 128-row tiles on a persistent grid, h stored by TMA;
-    down: 64-row tiles), M not a multiple of them (partial tiles of 65 and 72 rows; of one and eight rows):
-    the last tile's rows past M come zero-filled from TMA and are never stored. (The H200 failure at M = 1000
+    """The op's own configs at the seed width (gate/up: 64-row tiles, one program each, h stored by TMA;
+    down: 64-row tiles), M not a multiple of them (partial tiles of one and eight rows): the last tile's rows
+    past M come zero-filled from TMA, and the TMA store of h clips them. (The H200 failure at M = 1000
     was not this: see the next test; this shows the interpreter agrees at the GPU's tile shapes.)"""
     d, ff = 768, 1448
     params = make_params(d, ff, seed=m + d + ff)
@@ -233,8 +233,8 @@ def test_interpreted_inference_with_the_tables_configs_and_a_partial_row_tile(m)
     with torch.no_grad(), sk.coverage.strict():
         y = sk.ops.fused_pre_norm_geglu(x, *params, EPS)
     gate_up, down = geglu.choose_configs(m, d, ff)
-    assert gate_up.block_m == 128 and gate_up.programs_per_sm and gate_up.tma_store and down.block_m == 64
-    assert m % 128 and m % 64
+    assert gate_up.block_m == down.block_m == 64 and gate_up.tma_store and not gate_up.programs_per_sm
+    assert m % 64
     assert rel_err(y, fp64_block(x, *params)) < TOL[torch.float16]
 
 
@@ -249,10 +249,11 @@ def test_decode_configs_swap_only_below_64_rows():
 
 
 @pytest.mark.parametrize("m,d,ff", [(1024, 768, 1448), (8192, 2048, 16384)])
-def test_only_the_folded_gate_up_kernel_runs_on_a_persistent_grid(m, d, ff):
-    """The persistent grid and the TMA store of h were timed for the folded inference kernel; the prologue
-    kernels (inference without the fold, training) keep one program per tile."""
-    assert geglu.choose_configs(m, d, ff, "folded")[0].programs_per_sm > 0
+def test_only_the_folded_gate_up_kernel_runs_persistent_or_stores_by_tma(m, d, ff):
+    """The persistent grid (prefill) and the TMA store of h (seed) were timed for the folded inference kernel;
+    the prologue kernels (inference without the fold, training) keep one program per tile and masked stores."""
+    folded = geglu.choose_configs(m, d, ff, "folded")[0]
+    assert (folded.programs_per_sm > 0) == (m == 8192) and folded.tma_store == (m == 1024)
     for kernel in ("prologue", "training"):
         gate_up = geglu.choose_configs(m, d, ff, kernel)[0]
         assert gate_up.programs_per_sm == 0 and not gate_up.tma_store, (kernel, gate_up)
@@ -570,20 +571,19 @@ def test_gpu_dependent_launch_gives_the_stream_order_bits(m, d, ff, training, mo
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,d,ff", [(1000, 768, 1448), (4097, 768, 1448), (8192, 2048, 16384)])
-def test_gpu_persistent_gate_up_gives_the_one_program_per_tile_bits(m, d, ff):
-    """The seed and prefill classes run gate/up on a persistent grid, the seed class storing h by TMA: every
-    tile must be computed once, edges clipped, with the same bits as one program per tile storing through
-    masks. Where tiles outnumber the programs (M = 4097: 33 × 23 tiles for 264 programs; prefill) a program
-    walks several; at M = 1000 (184 tiles) each takes one."""
-    persistent, down = geglu.choose_configs(m, d, ff)
-    assert persistent.programs_per_sm > 0
-    per_tile = dataclasses.replace(persistent, programs_per_sm=0, tma_store=False)
+def test_gpu_tables_gate_up_gives_the_masked_one_program_per_tile_bits(m, d, ff):
+    """The seed class stores h by TMA, the prefill class runs gate/up on a persistent grid (a program walks
+    several tiles): every tile must be computed once, edges clipped (M = 1000 and 4097 end in partial tiles),
+    with the same bits as one program per tile storing through masks."""
+    table, down = geglu.choose_configs(m, d, ff)
+    per_tile = dataclasses.replace(table, programs_per_sm=0, tma_store=False)
+    assert table != per_tile
     params = list(make_params(d, ff, device="cuda", dtype=torch.bfloat16))
     x = make_x(m, d, torch.bfloat16, "cuda")
     folded, fold = geglu._fold(*params[:6], torch.bfloat16)
     args = params[:2] + [folded, params[3], None] + params[5:]
     poison_allocator((m, d), (m, ff))
     outs = [geglu._forward_kernels(x, *args, EPS, "none", False, (c, down), fold=fold)[0]
-            for c in (persistent, per_tile)]
+            for c in (table, per_tile)]
     assert not outs[0].isnan().any()
     assert torch.equal(*outs)

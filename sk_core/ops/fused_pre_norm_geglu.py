@@ -13,9 +13,9 @@ Three Triton kernels in the forward:
      pass 1. (Summing the rows from that tile in the loop too made Triton 3.6's pipeliner give the tile one
      shared-memory buffer fewer than its async wgmma needs: the next TMA load overwrote a tile still being
      read, wrong results on the H200 at 64-row tiles; `tests/test_fused_pre_norm_geglu.py` checks the
-     buffers of the compiled sm90 kernel.) With the fold, its grid in the seed and prefill classes is
-     persistent: where tiles outnumber the programs, a program walks several, loading the next one's operands
-     during this one's epilogue.
+     buffers of the compiled sm90 kernel.) With the fold, its grid in the prefill class is persistent: a
+     program walks several tiles, loading the next one's operands during this one's epilogue; in the seed
+     class h leaves through a TMA store.
   3. `_down_kernel`: h @ down_weightᵀ with bias and residual in the epilogue. When the output has too few tiles
      to fill the GPU (decode), K is split across programs that each write an fp32 partial; the last program to
      finish a tile (counted with an atomic; pass 1 zeroes the counters, so no memset launch) sums the partials
@@ -420,18 +420,19 @@ class GemmConfig:
 # at_start): decode 59.2 / 58.3 / 57.6 and 60.2 / 59.8 / 59.0, seed 32.7 / 32.3 / 45.4 and 32.5 / 32.3 / 45.3
 # (launched at gate/up's start, the down programs take SM slots that gate/up's own programs are waiting for),
 # prefill 2824 / 2815 / 2806 and 2738 / 2728 / 2733 (within the run-to-run spread there: left in plain stream
-# order). "small" and "large" gate/up on a persistent grid from .../2026-11-30/sixth-run/persistent/ (the folded
-# gate/up kernel alone in a graph, two runs): seed 128 × 64 tiles, 2 programs per SM, h stored by TMA,
-# 14.3-14.5 µs against 18.6 for the 64 × 64 tiles before (masked stores: 17.4; the store alone took 128 × 128
-# tiles from 15.9 to 15.0; the seed shape's 184 tiles take one program each, and the flattened loop's code is
-# still faster than without flattening, 15.0); prefill 4 stages, 1 program per SM, 1756-1794 µs against
-# 1913-1937 (one program per tile had run best with 3 stages, .../fourth-run/prefill/; TMA stores were slower
-# there, 1817). The whole forward (.../sixth-run/tables-run/ sweep): seed 28.3 µs against 32.9.
+# order). "large" gate/up on a persistent grid from .../2026-11-30/sixth-run/persistent/ (the folded gate/up
+# kernel alone in a graph, two runs): prefill 4 stages, 1 program per SM, 1756-1794 µs against 1913-1937 (one
+# program per tile had run best with 3 stages, .../fourth-run/prefill/; TMA stores were slower there, 1817).
+# "small" from .../2026-11-30/seventh-run/: 64 × 64 tiles, one program each (the seed shape's 368 all resident,
+# 3 per SM), h stored by TMA. The kernel alone (experiments/): 11.2 µs against 13.6 for the 128 × 64 tiles on
+# a persistent grid that the table held before, which had beaten 64 × 64 tiles storing through masks (18.2) and
+# a persistent loop over 64 × 64 tiles (15.8): the store and the loop made the difference. The whole forward
+# (sweep/): 25.0 µs against 27.0; plain stream order there 24.8 against 25.1 with the down kernel launched
+# after gate/up's stores (and in both benchmark runs the no-PDL column 0.3-0.8 µs ahead), so "none".
 GATE_UP_CONFIGS = {
     "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4, swap_ab=True,
                          dependent_launch="at_start"),
-    "small": GemmConfig(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3, programs_per_sm=2,
-                        tma_store=True, dependent_launch="after_stores"),
+    "small": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3, tma_store=True),
     "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, programs_per_sm=1),
 }
 # The gate/up kernel normalizing x in its prologue (inference without the fold), one program per tile: the
