@@ -1,5 +1,7 @@
-"""Experiment: seed-shape down projection tiles (incl. 64 x (64+32) tiles: 128 tiles for 132 SMs), and the
-gate/up kernel at one program per 64 x 64 tile with the TMA store; kernels alone, CUDA graphs."""
+"""Experiment (2026-11-30, H200): seed-shape down projection tiles (incl. 64 x (64+32) tiles: 128 tiles for 132
+SMs), and the production gate/up kernel at other configs than its table's (one program per 64 x 64 tile with the
+TMA store among them); each kernel alone, side by side in CUDA graphs. Run from the repository root with an OUT
+folder; TRITON_INTERPRET=1: a small correctness check on CPU."""
 import importlib
 import json
 import os

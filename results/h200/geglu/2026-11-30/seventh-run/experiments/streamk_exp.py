@@ -1,4 +1,7 @@
-"""Experiment: stream-K vs one-tile-per-program for the seed shape's two GEMMs, kernel alone, CUDA graphs."""
+"""Experiment (2026-11-30, H200): stream-K against one program per tile for the seed shape's two GEMMs (plain
+products, bf16 out), each kernel alone, side by side in CUDA graphs. Run from the repository root with an OUT folder;
+TRITON_INTERPRET=1: a small correctness check on CPU."""
+import importlib
 import json
 import os
 import sys
@@ -8,17 +11,11 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+g = importlib.import_module("sk.ops.fused_pre_norm_geglu")
+
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 DEV = "cpu" if INTERP else "cuda"
 NUM_SMS = 4 if INTERP else torch.cuda.get_device_properties(0).multi_processor_count
-
-
-@triton.jit
-def _coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
-    width = GROUP_M * num_n
-    first_m = (tile // width) * GROUP_M
-    size_m = min(num_m - first_m, GROUP_M)
-    return first_m + (tile % width) % size_m, (tile % width) // size_m
 
 
 @triton.jit
@@ -39,7 +36,7 @@ def gemm(a_desc, b_desc, c_desc, partial_ptr, arrivals_ptr, M, N,
             tile = u // K_BLOCKS
             k0 = u - tile * K_BLOCKS
             k1 = min(K_BLOCKS, k0 + end - u)
-            pid_m, pid_n = _coords(tile, num_m, num_n, GROUP_M)
+            pid_m, pid_n = g._tile_coords(tile, num_m, num_n, GROUP_M)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for k in tl.range(k0, k1):
                 a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
@@ -65,7 +62,7 @@ def gemm(a_desc, b_desc, c_desc, partial_ptr, arrivals_ptr, M, N,
                     c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
             u += k1 - k0
     else:
-        pid_m, pid_n = _coords(tl.program_id(0), num_m, num_n, GROUP_M)
+        pid_m, pid_n = g._tile_coords(tl.program_id(0), num_m, num_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in tl.range(K_BLOCKS):
             a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
