@@ -426,9 +426,10 @@ class GemmConfig:
 # "small" from .../2026-11-30/seventh-run/: 64 × 64 tiles, one program each (the seed shape's 368 all resident,
 # 3 per SM), h stored by TMA. The kernel alone (experiments/): 11.2 µs against 13.6 for the 128 × 64 tiles on
 # a persistent grid that the table held before, which had beaten 64 × 64 tiles storing through masks (18.2) and
-# a persistent loop over 64 × 64 tiles (15.8): the store and the loop made the difference. The whole forward
-# (sweep/): 25.0 µs against 27.0; plain stream order there 24.8 against 25.1 with the down kernel launched
-# after gate/up's stores (and in both benchmark runs the no-PDL column 0.3-0.8 µs ahead), so "none".
+# a persistent loop over 64 × 64 tiles (15.8, sixth-run/persistent/): the store and the loop made the
+# difference. The whole forward (first-run/sweep/): 25.0 µs against 27.0; plain stream order there 24.8 against
+# 25.1 with the down kernel launched after gate/up's stores (25.2 against 25.7 in sweep/, and the benchmark's
+# no-PDL column 0.3-0.8 µs ahead in both runs of first-run/), so "none".
 GATE_UP_CONFIGS = {
     "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4, swap_ab=True,
                          dependent_launch="at_start"),
