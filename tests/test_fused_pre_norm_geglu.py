@@ -249,14 +249,14 @@ def test_decode_configs_swap_only_below_64_rows():
 
 
 @pytest.mark.parametrize("m,d,ff", [(1024, 768, 1448), (8192, 2048, 16384)])
-def test_only_the_folded_gate_up_kernel_runs_persistent_or_stores_by_tma(m, d, ff):
-    """The persistent grid (prefill) and the TMA store of h (seed) were timed for the folded inference kernel;
-    the prologue kernels (inference without the fold, training) keep one program per tile and masked stores."""
-    folded = geglu.choose_configs(m, d, ff, "folded")[0]
+def test_only_inference_gate_up_kernels_run_persistent_or_store_by_tma(m, d, ff):
+    """The persistent grid (prefill) was timed for the folded inference kernel only, the TMA store of h (seed)
+    for both inference kernels; training's keeps one program per tile and masked stores."""
+    folded, prologue, training = (geglu.choose_configs(m, d, ff, kernel)[0]
+                                  for kernel in ("folded", "prologue", "training"))
     assert (folded.programs_per_sm > 0) == (m == 8192) and folded.tma_store == (m == 1024)
-    for kernel in ("prologue", "training"):
-        gate_up = geglu.choose_configs(m, d, ff, kernel)[0]
-        assert gate_up.programs_per_sm == 0 and not gate_up.tma_store, (kernel, gate_up)
+    assert prologue.programs_per_sm == 0 and prologue.tma_store == (m == 1024)
+    assert training.programs_per_sm == 0 and not training.tma_store
 
 
 # ------------------------------------------------------------------------------------ compiled for sm90 (any machine)
@@ -468,7 +468,11 @@ GPU_SHAPES = [(1, 768, 1448), (7, 768, 1448), (1000, 768, 1448), (1024, 768, 144
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,d,ff", GPU_SHAPES)
-def test_gpu_forward_bf16(m, d, ff):
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "prologue"])
+def test_gpu_forward_bf16(m, d, ff, fold, monkeypatch):
+    """fold=False: inference as it runs where the fold is off (weights made under inference mode, traced
+    calls, SK_GEGLU_FOLD_LN=0): x normalized in the gate/up kernel's prologue, with its own configs."""
+    monkeypatch.setattr(geglu, "FOLD_LN", fold)
     params = make_params(d, ff, device="cuda", seed=m + d + ff)
     x = make_x(m, d, torch.bfloat16, "cuda", seed=m)
     poison_allocator((m, d), (m, ff))

@@ -427,24 +427,24 @@ class GemmConfig:
 # 3 per SM), h stored by TMA. The kernel alone (experiments/): 11.2 µs against 13.6 for the 128 × 64 tiles on
 # a persistent grid that the table held before, which had beaten 64 × 64 tiles storing through masks (18.2) and
 # a persistent loop over 64 × 64 tiles (15.8, sixth-run/persistent/): the store and the loop made the
-# difference. The whole forward (first-run/sweep/): 25.0 µs against 27.0; plain stream order there 24.8 against
-# 25.1 with the down kernel launched after gate/up's stores (25.2 against 25.7 in sweep/, and the benchmark's
-# no-PDL column 0.3-0.8 µs ahead in both runs of first-run/), so "none".
+# difference. The whole forward (first-run/sweep/): 25.0 µs against 27.0; plain stream order there 24.8
+# against 25.1 with the down kernel launched after gate/up's stores (25.2 against 25.7 in folded-run/sweep/,
+# and the benchmark's no-PDL column 0.3-0.8 µs ahead in both runs of first-run/), so "none".
 GATE_UP_CONFIGS = {
     "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4, swap_ab=True,
                          dependent_launch="at_start"),
     "small": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3, tma_store=True),
     "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, programs_per_sm=1),
 }
-# The gate/up kernel normalizing x in its prologue (inference without the fold), one program per tile: the
-# persistent grid was timed for the folded kernel only (unfolded, it spilled at prefill and ran ~11 % slower).
-# "small" as the folded kernel's table had it before (unfolded whole forward 37.8 µs, against 45.8 with
-# training's tile: .../2026-11-30/sixth-run/baseline/ and review-run/); "large" with 4 stages, as training's
-# (3187 µs in review-run/; 3253-3411 with 3 stages in the day's earlier runs).
+# The gate/up kernel normalizing x in its prologue (inference without the fold: SK_GEGLU_FOLD_LN=0, weights
+# made under torch.inference_mode, traced calls), one program per tile: the persistent grid was timed for the
+# folded kernel only (unfolded, it spilled at prefill and ran ~11 % slower). "small" as the folded table's,
+# h stored by TMA: the whole unfolded forward 32.3 µs against 37.8 storing through masks
+# (.../2026-11-30/seventh-run/unfolded/; 128 × 128 tiles with 8 warps ran 31.1 there, not taken: 96 programs
+# at the seed shape, and a handful at the class's smaller M). "large" with 4 stages, as training's (3187 µs in
+# .../sixth-run/review-run/; 3253-3411 with 3 stages in that day's earlier runs).
 PROLOGUE_GATE_UP_CONFIGS = {
     **GATE_UP_CONFIGS,
-    "small": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3,
-                        dependent_launch="after_stores"),
     "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
 }
 # Training's (the prologue kernel storing the pre-activations too) needs more registers: at the seed shape a
