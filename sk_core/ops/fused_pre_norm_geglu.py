@@ -28,7 +28,8 @@ once to the activation dtype, as eager's LayerNorm output is; inference rounds �
 precision projection weights are cast to the activation dtype once and cached until they change
 (`compute_weight`, `_folded_gate_up`).
 
-The gate/up and down kernels use programmatic dependent launch (`PDL`): each starts while the one before it
+Where the gate/up config asks for it (`GemmConfig.dependent_launch`: decode, and training but at prefill), the
+gate/up and down kernels use programmatic dependent launch (`PDL`): each starts while the one before it
 finishes, and waits for it only where it reads that kernel's output.
 
 Backward: one Triton kernel for the GEGLU derivative (and h, recomputed rather than stored), one for the
@@ -418,18 +419,18 @@ class GemmConfig:
 # projection's K so that its few output tiles still spread over the GPU. The dependent launch per class from
 # the sweeps in .../2026-11-30/third-run/ and fourth-run/ (µs per forward in a graph, none / after_stores /
 # at_start): decode 59.2 / 58.3 / 57.6 and 60.2 / 59.8 / 59.0, seed 32.7 / 32.3 / 45.4 and 32.5 / 32.3 / 45.3
-# (launched at gate/up's start, the down programs take SM slots that gate/up's own programs are waiting for),
-# prefill 2824 / 2815 / 2806 and 2738 / 2728 / 2733 (within the run-to-run spread there: left in plain stream
+# (launched at gate/up's start, the down programs take SM slots that gate/up's own programs are waiting for;
+# the seed's inference entry since runs in plain stream order, see "small" below), prefill 2824 / 2815 / 2806 and 2738 / 2728 / 2733 (within the run-to-run spread there: left in plain stream
 # order). "large" gate/up on a persistent grid from .../2026-11-30/sixth-run/persistent/ (the folded gate/up
 # kernel alone in a graph, two runs): prefill 4 stages, 1 program per SM, 1756-1794 µs against 1913-1937 (one
 # program per tile had run best with 3 stages, .../fourth-run/prefill/; TMA stores were slower there, 1817).
 # "small" from .../2026-11-30/seventh-run/: 64 × 64 tiles, one program each (the seed shape's 368 all resident,
 # 3 per SM), h stored by TMA. The kernel alone (experiments/): 11.2 µs against 13.6 for the 128 × 64 tiles on
-# a persistent grid that the table held before, which had beaten 64 × 64 tiles storing through masks (18.2) and
-# a persistent loop over 64 × 64 tiles (15.8, sixth-run/persistent/): the store and the loop made the
-# difference. The whole forward (first-run/sweep/): 25.0 µs against 27.0; plain stream order there 24.8
-# against 25.1 with the down kernel launched after gate/up's stores (25.2 against 25.7 in folded-run/sweep/,
-# and the benchmark's no-PDL column 0.3-0.8 µs ahead in both runs of first-run/), so "none".
+# a persistent grid that the table held before; 64 × 64 tiles had only been timed storing h through masks
+# (18.2, experiments/) or on a persistent grid (14.7 at best, sixth-run/persistent/). The whole forward
+# (first-run/sweep/): 25.0 µs against 27.0; plain stream order there 24.8 against 25.1 with the down kernel
+# launched after gate/up's stores (25.2 against 25.7 in folded-run/sweep/, and the benchmark's no-PDL column
+# 0.3-0.8 µs ahead in both runs of first-run/), so "none".
 GATE_UP_CONFIGS = {
     "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4, swap_ab=True,
                          dependent_launch="at_start"),

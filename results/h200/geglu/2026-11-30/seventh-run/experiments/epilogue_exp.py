@@ -1,8 +1,8 @@
 """Experiment (2026-11-30, H200): where the seed gate/up kernel's time goes beyond the plain GEMM: the epilogue
 variants of one kernel and the production kernel, each alone, side by side in CUDA graphs. Run from the repository
 root: python3 results/h200/geglu/2026-11-30/seventh-run/experiments/epilogue_exp.py OUT (TRITON_INTERPRET=1: a
-small check on CPU). "production" was the table's seed entry of that morning (128 × 64 tiles, 2 programs per SM,
-h stored by TMA); the script hard-codes that grid, so a later table changes only its tiles."""
+small check on CPU). "production" is the production kernel at the table's seed entry of that morning (128 × 64
+tiles, 2 programs per SM, h stored by TMA)."""
 import importlib
 import json
 import os
@@ -113,7 +113,7 @@ def main(out_dir):
             break
     if INTERP:
         return
-    c = g.GATE_UP_CONFIGS["small"].fitted(m, ff, d)
+    c = g.GemmConfig(128, 64, 64, 4, 3, programs_per_sm=2, tma_store=True)  # the seed entry then
     folded, fold_p = g._fold(torch.ones(d, device=DEV), None, wg.float(), None, wu.float(), None, dtype)
     hp = torch.empty(m, ff, device=DEV, dtype=dtype)
     tma = g._descriptor
