@@ -14,8 +14,8 @@ Three Triton kernels in the forward:
      shared-memory buffer fewer than its async wgmma needs: the next TMA load overwrote a tile still being
      read, wrong results on the H200 at 64-row tiles; `tests/test_fused_pre_norm_geglu.py` checks the
      buffers of the compiled sm90 kernel.) With the fold, its grid in the prefill class is persistent: a
-     program walks several tiles, loading the next one's operands during this one's epilogue; in the seed
-     class h leaves through a TMA store.
+     program walks several tiles, loading the next one's operands during this one's epilogue. In inference
+     at the seed class (folded or not) h leaves through a TMA store.
   3. `_down_kernel`: h @ down_weightᵀ with bias and residual in the epilogue. When the output has too few tiles
      to fill the GPU (decode), K is split across programs that each write an fp32 partial; the last program to
      finish a tile (counted with an atomic; pass 1 zeroes the counters, so no memset launch) sums the partials
@@ -420,10 +420,11 @@ class GemmConfig:
 # the sweeps in .../2026-11-30/third-run/ and fourth-run/ (µs per forward in a graph, none / after_stores /
 # at_start): decode 59.2 / 58.3 / 57.6 and 60.2 / 59.8 / 59.0, seed 32.7 / 32.3 / 45.4 and 32.5 / 32.3 / 45.3
 # (launched at gate/up's start, the down programs take SM slots that gate/up's own programs are waiting for;
-# the seed's inference entry since runs in plain stream order, see "small" below), prefill 2824 / 2815 / 2806 and 2738 / 2728 / 2733 (within the run-to-run spread there: left in plain stream
-# order). "large" gate/up on a persistent grid from .../2026-11-30/sixth-run/persistent/ (the folded gate/up
-# kernel alone in a graph, two runs): prefill 4 stages, 1 program per SM, 1756-1794 µs against 1913-1937 (one
-# program per tile had run best with 3 stages, .../fourth-run/prefill/; TMA stores were slower there, 1817).
+# the seed's inference entry has since gone back to plain stream order, see "small" below), prefill 2824 /
+# 2815 / 2806 and 2738 / 2728 / 2733 (within the run-to-run spread there: left in plain stream order).
+# "large" gate/up on a persistent grid from .../2026-11-30/sixth-run/persistent/ (the folded gate/up kernel
+# alone in a graph, two runs): prefill 4 stages, 1 program per SM, 1756-1794 µs against 1913-1937 (one program
+# per tile had run best with 3 stages, .../fourth-run/prefill/; TMA stores were slower there, 1817).
 # "small" from .../2026-11-30/seventh-run/: 64 × 64 tiles, one program each (the seed shape's 368 all resident,
 # 3 per SM), h stored by TMA. The kernel alone (experiments/): 11.2 µs against 13.6 for the 128 × 64 tiles on
 # a persistent grid that the table held before; 64 × 64 tiles had only been timed storing h through masks
