@@ -205,7 +205,8 @@ def bench_training(m, d, ff):
 
 # Candidate (block_m, block_n, block_k, num_warps, num_stages[, split_k][, markers]) per shape for --sweep;
 # markers: "swap" (the products computed transposed, `GemmConfig.swap_ab`), "p1"/"p2" (gate/up: a persistent
-# grid of 1 or 2 programs per SM, `programs_per_sm`), "tma" (gate/up: h stored by TMA, `tma_store`): those that
+# grid of 1 or 2 programs per SM, `programs_per_sm`), "tma" (gate/up: h stored by TMA, `tma_store`), "g16" etc.
+# (row tiles per group of the grouped order, `group_m`; 8 without): those that
 # compile for sm90 without register spills (checked ahead with benchmarks/compile_report_geglu.py on a CPU
 # machine; the gate/up kernel swept is the inference one, γ folded), except A/B partners kept to show what a
 # table entry gains: the folded gate/up kernel's 128 × 128 tiles (16-88 bytes spilled in the epilogue) and the
@@ -229,7 +230,9 @@ SWEEP = {
     },
     "prefill": {
         "gate_up": [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 8, 3, "p1"),
-                    (128, 128, 64, 8, 4, "p1"), (128, 128, 64, 8, 4, "p1", "tma"), (128, 64, 64, 8, 4, "p2")],
+                    (128, 128, 64, 8, 4, "p1"), (128, 128, 64, 8, 4, "p1", "tma"), (128, 64, 64, 8, 4, "p2"),
+                    (128, 128, 64, 8, 4, "p1", "g4"), (128, 128, 64, 8, 4, "p1", "g16"),
+                    (128, 128, 64, 8, 4, "p1", "g32"), (128, 128, 64, 8, 4, "p1", "g64")],
         "down": [(128, 256, 64, 8, 3, 1), (128, 128, 64, 8, 3, 1), (128, 128, 64, 8, 4, 1), (128, 64, 128, 4, 3, 1)],
     },
 }
@@ -240,7 +243,8 @@ def candidate_config(candidate: tuple) -> "geglu.GemmConfig":
     bm, bn, bk, warps, stages, *rest = candidate
     split = next((r for r in rest if isinstance(r, int)), 1)
     per_sm = next((int(r[1:]) for r in rest if isinstance(r, str) and r.startswith("p")), 0)
-    return geglu.GemmConfig(bm, bn, bk, warps, stages, split_k=split, swap_ab="swap" in rest,
+    group_m = next((int(r[1:]) for r in rest if isinstance(r, str) and r.startswith("g")), 8)
+    return geglu.GemmConfig(bm, bn, bk, warps, stages, group_m=group_m, split_k=split, swap_ab="swap" in rest,
                             programs_per_sm=per_sm, tma_store="tma" in rest)
 
 

@@ -89,14 +89,14 @@ def poisoned_outputs(monkeypatch):
 @pytest.mark.parametrize("m,d,ff,split_k", [(1, 48, 200, 1), (7, 40, 72, 1), (33, 64, 48, 4), (20, 72, 104, 2)])
 @pytest.mark.parametrize("bias,approximate", [(True, "none"), (False, "tanh")])
 @pytest.mark.parametrize("fold", [False, True])
-@pytest.mark.parametrize("launch", [{}, {"swap_ab": True}, {"programs_per_sm": 1, "tma_store": True}],
+@pytest.mark.parametrize("launch", [{}, {"swap_ab": True}, {"programs_per_sm": 1, "tma_store": True, "group_m": 2}],
                          ids=["plain", "swap", "persistent"])
 def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approximate, fold, launch, poisoned_outputs):
     """fold: inference's path (γ folded into the gate/up weights, the statistics summed in the gate/up kernel);
     else training's (a statistics pass that also stores the normalized activation, normalized in the prologue,
     pre-activations stored). swap: the products computed transposed (decode's configs; the gate/up kernel
     only with fold). persistent: gate/up programs walking several tiles each (two programs in the interpreter)
-    and storing h by TMA."""
+    and storing h by TMA, row tiles grouped by two (M = 33: a last group of one)."""
     params = make_params(d, ff, bias=bias, seed=m + d)
     for i in (2, 4, 6):  # the projections compute in the activation dtype; the oracle sees the same values
         params[i] = params[i].to(dtype)
@@ -257,6 +257,16 @@ def test_only_inference_gate_up_kernels_run_persistent_or_store_by_tma(m, d, ff)
     assert (folded.programs_per_sm > 0) == (m == 8192) and folded.tma_store == (m == 1024)
     assert prologue.programs_per_sm == 0 and prologue.tma_store == (m == 1024)
     assert training.programs_per_sm == 0 and not training.tma_store
+
+
+@pytest.mark.parametrize("kernel", ["folded", "prologue", "training"])
+def test_large_gate_up_groups_16_mb_of_x_rows(kernel):
+    """The prefill class's gate/up groups as many row tiles as hold 16 MB of x (timed at d_model 2048 and 4096:
+    32 and 16 row tiles of 128 rows); the other classes keep the default group of 8."""
+    for d, ff, group in ((2048, 16384, 32), (4096, 14336, 16), (8192, 28672, 8), (16384, 53248, 4)):
+        gate_up, down = geglu.choose_configs(8192, d, ff, kernel)
+        assert (gate_up.block_m, gate_up.group_m, down.group_m) == (128, group, 8), (d, gate_up)
+    assert geglu.choose_configs(1024, 768, 1448, kernel)[0].group_m == 8
 
 
 # ------------------------------------------------------------------------------------ compiled for sm90 (any machine)
@@ -580,10 +590,11 @@ def test_gpu_dependent_launch_gives_the_stream_order_bits(m, d, ff, training, mo
 @pytest.mark.parametrize("m,d,ff", [(1000, 768, 1448), (4097, 2048, 16384), (8192, 2048, 16384)])
 def test_gpu_tables_gate_up_gives_the_masked_one_program_per_tile_bits(m, d, ff):
     """The seed class stores h by TMA, the prefill class runs gate/up on a persistent grid (a program walks
-    several tiles): every tile must be computed once, edges clipped (M = 1000 and 4097 end in partial tiles),
-    with the same bits as one program per tile storing through masks."""
+    several tiles) in groups of 32 row tiles: every tile must be computed once, edges clipped (M = 1000 and 4097
+    end in partial tiles, 4097 in a last group of one row tile), with the same bits as one program per tile in
+    groups of 8 storing through masks."""
     table, down = geglu.choose_configs(m, d, ff)
-    per_tile = dataclasses.replace(table, programs_per_sm=0, tma_store=False)
+    per_tile = dataclasses.replace(table, programs_per_sm=0, tma_store=False, group_m=8)
     assert table != per_tile
     params = list(make_params(d, ff, device="cuda", dtype=torch.bfloat16))
     x = make_x(m, d, torch.bfloat16, "cuda")

@@ -399,15 +399,20 @@ class GemmConfig:
     # (a persistent grid; 0: one program per tile); tma_store: h leaves through a TMA descriptor.
     programs_per_sm: int = 0
     tma_store: bool = False
+    # group_rows_bytes > 0 sets group_m instead (see `fitted`): as many row tiles as hold that many bytes of the
+    # first operand (block_m · K elements of 2 bytes each), so that a group's rows stay in L2 while the second
+    # operand streams past them once per group.
+    group_rows_bytes: int = 0
 
     def fitted(self, m: int, n: int, k: int) -> "GemmConfig":
         """The same config with blocks no larger than the problem (16 is tl.dot's smallest side), swapped only
-        where the rows fall below wgmma's 64."""
+        where the rows fall below wgmma's 64, and group_m from group_rows_bytes where that is set."""
         def fit(block, size):
             return min(block, max(16, _next_power_of_2(size)))
         block_m = fit(self.block_m, m)
-        return dataclasses.replace(self, block_m=block_m, block_n=fit(self.block_n, n),
-                                   block_k=fit(self.block_k, k), swap_ab=self.swap_ab and block_m < 64)
+        group_m = max(1, self.group_rows_bytes // (2 * block_m * k)) if self.group_rows_bytes else self.group_m
+        return dataclasses.replace(self, block_m=block_m, block_n=fit(self.block_n, n), block_k=fit(self.block_k, k),
+                                   swap_ab=self.swap_ab and block_m < 64, group_m=group_m)
 
 
 # Chosen per shape class from the sweeps on the H200 (benchmarks/bench_geglu.py --sweep; the fastest forward of
@@ -432,11 +437,19 @@ class GemmConfig:
 # (first-run/sweep/): 25.0 µs against 27.0; plain stream order there 24.8 against 25.1 with the down kernel
 # launched after gate/up's stores (25.2 against 25.7 in folded-run/sweep/, and the benchmark's no-PDL column
 # 0.3-0.8 µs ahead in both runs of first-run/), so "none".
+# "large" groups 16 MB of x rows (32 row tiles at d_model 2048, 16 at 4096), from .../2026-11-30/eighth-run/
+# (whole forward in a graph, replays interleaved, three rounds per run): prefill 2584-2603 µs with 32 row tiles
+# against 2643-2675 with the default 8 (16: 2605-2629; 64, x 33 MB and evicted by the weights streaming past:
+# 2699-2713); another run 2535-2576 with 24-40 against 2588-2617 with 8. At d_model 4096 (8192 × 4096 → 14336)
+# 16 row tiles ran as 8 did (4420-4440 µs), 32 slower (4425-4520). The down kernel's group: no consistent effect
+# (2, 4 and 16 against 8), left at 8.
+GATE_UP_L2_GROUP_BYTES = 16 << 20
 GATE_UP_CONFIGS = {
     "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4, swap_ab=True,
                          dependent_launch="at_start"),
     "small": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3, tma_store=True),
-    "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, programs_per_sm=1),
+    "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, programs_per_sm=1,
+                        group_rows_bytes=GATE_UP_L2_GROUP_BYTES),
 }
 # The gate/up kernel normalizing x in its prologue (inference without the fold: SK_GEGLU_FOLD_LN=0, weights
 # made under torch.inference_mode, traced calls), one program per tile: the persistent grid was timed for the
@@ -444,10 +457,12 @@ GATE_UP_CONFIGS = {
 # h stored by TMA: the whole unfolded forward 32.3 µs against 37.8 storing through masks
 # (.../2026-11-30/seventh-run/unfolded/; 128 × 128 tiles with 8 warps ran 31.1 there, not taken: 96 programs
 # at the seed shape, and a handful at the class's smaller M). "large" with 4 stages, as training's (3187 µs in
-# .../sixth-run/review-run/; 3253-3411 with 3 stages in that day's earlier runs).
+# .../sixth-run/review-run/; 3253-3411 with 3 stages in that day's earlier runs), its x rows grouped as the
+# folded kernel's (unfolded prefill 3045-3061 µs against 3111-3116 with 8 row tiles, eighth-run/).
 PROLOGUE_GATE_UP_CONFIGS = {
     **GATE_UP_CONFIGS,
-    "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
+    "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4,
+                        group_rows_bytes=GATE_UP_L2_GROUP_BYTES),
 }
 # Training's (the prologue kernel storing the pre-activations too) needs more registers: at the seed shape a
 # 64 × 64 tile with 4 warps spills 264 bytes on sm90, with 8 warps none (compile_report_geglu.py; not yet
