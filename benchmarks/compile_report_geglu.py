@@ -114,7 +114,7 @@ def main(argv=None):
                 except RuntimeError as e:  # a candidate the compiler rejects is not worth device time either
                     report = f"does not compile ({str(e).splitlines()[-1][:100]})"
                 markers = (" swap" * c.swap_ab + (f" p{c.programs_per_sm}" if c.programs_per_sm else "")
-                           + " tma" * c.tma_store)
+                           + " tma" * c.tma_store + (f" g{c.group_m}" if c.group_m != 8 else ""))
                 print(f"[{name}] {kind}{variant} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} "
                       f"s{c.num_stages} split{c.split_k}{markers}: {report}", flush=True)
 

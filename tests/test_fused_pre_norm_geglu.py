@@ -96,7 +96,7 @@ def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approxim
     else training's (a statistics pass that also stores the normalized activation, normalized in the prologue,
     pre-activations stored). swap: the products computed transposed (decode's configs; the gate/up kernel
     only with fold). persistent: gate/up programs walking several tiles each (two programs in the interpreter)
-    and storing h by TMA, row tiles grouped by two (M = 33: a last group of one)."""
+    and storing h by TMA; both kernels' row tiles grouped by two (M = 33: a last group of one)."""
     params = make_params(d, ff, bias=bias, seed=m + d)
     for i in (2, 4, 6):  # the projections compute in the activation dtype; the oracle sees the same values
         params[i] = params[i].to(dtype)
@@ -266,7 +266,8 @@ def test_large_gate_up_groups_16_mb_of_x_rows(kernel):
     for d, ff, group in ((2048, 16384, 32), (4096, 14336, 16), (8192, 28672, 8), (16384, 53248, 4)):
         gate_up, down = geglu.choose_configs(8192, d, ff, kernel)
         assert (gate_up.block_m, gate_up.group_m, down.group_m) == (128, group, 8), (d, gate_up)
-    assert geglu.choose_configs(1024, 768, 1448, kernel)[0].group_m == 8
+    for m, d, ff in ((1024, 768, 1448), (32, 2048, 16384)):
+        assert geglu.choose_configs(m, d, ff, kernel)[0].group_m == 8
 
 
 # ------------------------------------------------------------------------------------ compiled for sm90 (any machine)
@@ -594,7 +595,7 @@ def test_gpu_tables_gate_up_gives_the_masked_one_program_per_tile_bits(m, d, ff)
     end in partial tiles, 4097 in a last group of one row tile), with the same bits as one program per tile in
     groups of 8 storing through masks."""
     table, down = geglu.choose_configs(m, d, ff)
-    per_tile = dataclasses.replace(table, programs_per_sm=0, tma_store=False, group_m=8)
+    per_tile = dataclasses.replace(table, programs_per_sm=0, tma_store=False, group_m=8, group_rows_bytes=0)
     assert table != per_tile
     params = list(make_params(d, ff, device="cuda", dtype=torch.bfloat16))
     x = make_x(m, d, torch.bfloat16, "cuda")

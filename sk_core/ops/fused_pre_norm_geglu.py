@@ -400,8 +400,8 @@ class GemmConfig:
     programs_per_sm: int = 0
     tma_store: bool = False
     # group_rows_bytes > 0 sets group_m instead (see `fitted`): as many row tiles as hold that many bytes of the
-    # first operand (block_m · K elements of 2 bytes each), so that a group's rows stay in L2 while the second
-    # operand streams past them once per group.
+    # first operand (block_m · K elements of 2 bytes: bf16/fp16, the GEMMs' dtypes on the GPU), so that a
+    # group's rows stay in L2 while the second operand streams past them once per group.
     group_rows_bytes: int = 0
 
     def fitted(self, m: int, n: int, k: int) -> "GemmConfig":
@@ -438,11 +438,11 @@ class GemmConfig:
 # launched after gate/up's stores (25.2 against 25.7 in folded-run/sweep/, and the benchmark's no-PDL column
 # 0.3-0.8 µs ahead in both runs of first-run/), so "none".
 # "large" groups 16 MB of x rows (32 row tiles at d_model 2048, 16 at 4096), from .../2026-11-30/eighth-run/
-# (whole forward in a graph, replays interleaved, three rounds per run): prefill 2584-2603 µs with 32 row tiles
-# against 2643-2675 with the default 8 (16: 2605-2629; 64, x 33 MB and evicted by the weights streaming past:
-# 2699-2713); another run 2535-2576 with 24-40 against 2588-2617 with 8. At d_model 4096 (8192 × 4096 → 14336)
-# 16 row tiles ran as 8 did (4420-4440 µs), 32 slower (4425-4520). The down kernel's group: no consistent effect
-# (2, 4 and 16 against 8), left at 8.
+# experiments/ (whole forward in a graph, replays interleaved, three rounds per run): prefill 2584-2603 µs with
+# 32 row tiles against 2643-2675 with the default 8 (16: 2605-2629; 64, x 33 MB and evicted by the weights
+# streaming past: 2699-2713). At d_model 4096 (8192 × 4096 → 14336; down grouped by 4 in both) 16 row tiles ran
+# as 8 did (4420-4439 µs against 4422-4448), 32 slower (4425-4520). The down kernel's group (2, 4, 16 against 8,
+# six rounds, down.json): all within 2570-2614 µs, none ahead in every round, so 8.
 GATE_UP_L2_GROUP_BYTES = 16 << 20
 GATE_UP_CONFIGS = {
     "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4, swap_ab=True,
@@ -458,7 +458,7 @@ GATE_UP_CONFIGS = {
 # (.../2026-11-30/seventh-run/unfolded/; 128 × 128 tiles with 8 warps ran 31.1 there, not taken: 96 programs
 # at the seed shape, and a handful at the class's smaller M). "large" with 4 stages, as training's (3187 µs in
 # .../sixth-run/review-run/; 3253-3411 with 3 stages in that day's earlier runs), its x rows grouped as the
-# folded kernel's (unfolded prefill 3045-3061 µs against 3111-3116 with 8 row tiles, eighth-run/).
+# folded kernel's (unfolded prefill 3045-3062 µs against 3112-3116 with 8 row tiles, eighth-run/).
 PROLOGUE_GATE_UP_CONFIGS = {
     **GATE_UP_CONFIGS,
     "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4,

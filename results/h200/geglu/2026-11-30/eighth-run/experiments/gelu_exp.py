@@ -1,5 +1,6 @@
 """Experiment (2026-11-30, H200): the seed gate/up kernel's epilogue with GELU's normal CDF from libdevice's erf
-against a Chebyshev fit of erfc (Numerical Recipes' erfcc, fractional error < 1.2e-7), tanh GELU and no GELU,
+against a Chebyshev fit of erfc (Numerical Recipes' erfcc: fractional error < 1.2e-7 in exact arithmetic; its
+fp32 error here is in gelu.json), tanh GELU and no GELU,
 side by side in CUDA graphs; and the fit's accuracy against fp64 over the bf16 range that matters.
 Run from the repository root:
     python3 results/h200/geglu/2026-11-30/eighth-run/experiments/gelu_exp.py OUT

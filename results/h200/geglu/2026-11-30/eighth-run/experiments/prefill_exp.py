@@ -6,6 +6,7 @@
 group:    row tiles per group of the grouped tile order (GemmConfig.group_m), gate/up and down, folded inference
           and the prologue kernel (inference without the fold; training's gate/up is that kernel) -> group.json;
 group2:   the same at more group sizes, and at d_model 4096 (8192 x 4096 -> 14336) -> group2.json;
+down:     the down kernel's group with gate/up's at 32 -> down.json;
 pingpong: gate/up on 64-row tiles, two programs per SM (one's epilogue beside the other's main loop), against
           the table's 128-row tiles on one program per SM -> pingpong.json.
 The tables of that day held group_m 8 (group and group2 replace it; pingpong ran the tables with 32)."""
@@ -48,8 +49,8 @@ def forward_fns(m, d, ff, variants):
 
 
 def grouped(kernel, gate_up_group, down_group):
-    return (kernel, lambda c: dataclasses.replace(c, group_m=gate_up_group),
-            lambda c: dataclasses.replace(c, group_m=down_group))
+    return (kernel, lambda c: dataclasses.replace(c, group_m=gate_up_group, group_rows_bytes=0),
+            lambda c: dataclasses.replace(c, group_m=down_group, group_rows_bytes=0))
 
 
 def experiments(name):
@@ -64,6 +65,10 @@ def experiments(name):
             m, d, ff = shape
             yield shape, {f"{m}x{d}->{ff} folded gate/up g{gu} down g{dn}": grouped("folded", gu, dn)
                           for gu, dn in pairs}
+    elif name == "down":
+        pairs = ((32, 8), (32, 4), (32, 2), (32, 16))
+        yield prefill, {f"{k} gate/up g{gu} down g{dn}": grouped(k, gu, dn)
+                        for k in ("folded", "prologue") for gu, dn in pairs}
     elif name == "pingpong":
         same = lambda c: c  # noqa: E731
         variants = {"table 128x128 w8 s4 p1 g32": ("folded", same, same),
