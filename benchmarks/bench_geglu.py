@@ -241,11 +241,12 @@ SWEEP = {
 def candidate_config(candidate: tuple) -> "geglu.GemmConfig":
     """The GemmConfig of a SWEEP entry."""
     bm, bn, bk, warps, stages, *rest = candidate
-    split = next((r for r in rest if isinstance(r, int)), 1)
-    per_sm = next((int(r[1:]) for r in rest if isinstance(r, str) and r.startswith("p")), 0)
-    group_m = next((int(r[1:]) for r in rest if isinstance(r, str) and r.startswith("g")), 8)
-    return geglu.GemmConfig(bm, bn, bk, warps, stages, group_m=group_m, split_k=split, swap_ab="swap" in rest,
-                            programs_per_sm=per_sm, tma_store="tma" in rest)
+
+    def numbered(letter, default):  # "p1" -> 1 for letter "p"
+        return next((int(r[1:]) for r in rest if isinstance(r, str) and r.startswith(letter)), default)
+    return geglu.GemmConfig(bm, bn, bk, warps, stages, group_m=numbered("g", 8),
+                            split_k=next((r for r in rest if isinstance(r, int)), 1), swap_ab="swap" in rest,
+                            programs_per_sm=numbered("p", 0), tma_store="tma" in rest)
 
 
 DEPENDENT_LAUNCH_MODES = ("none", "after_stores", "at_start")
