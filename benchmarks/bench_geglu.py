@@ -16,6 +16,7 @@ import argparse
 import copy
 import dataclasses
 import importlib
+import importlib.metadata
 import json
 import os
 import statistics
@@ -110,8 +111,8 @@ def rel_err(out, ref):
 def switched_off(fn, module, flag):
     """`fn` with `module.flag` False while it runs: the A/B of one of the op's switches (`geglu.FOLD_LN`: the
     gate/up kernel normalizing in its prologue, as in training, instead of using weights with the LayerNorm
-    scale folded in; `geglu.PDL`: kernels launched in plain stream order; `step_graphs.ENABLED`: training steps
-    launched from Python, not replayed). Read at launch, so a graph capturing `fn` captures the switched-off op."""
+    scale folded in; `geglu.PDL`: kernels launched in plain stream order; `geglu.CUTE`: the Triton GEMMs where
+    QuACK's would run; `step_graphs.ENABLED`: training steps launched from Python, not replayed). Read at launch, so a graph capturing `fn` captures the switched-off op."""
     def run():
         saved = getattr(module, flag)
         setattr(module, flag, False)
@@ -136,10 +137,15 @@ def bench_inference(name, m, d, ff, with_compile):
         unfolded = switched_off(ours, geglu, "FOLD_LN")
         row["rel_err_ours_unfolded_vs_fp64"] = rel_err(unfolded()[rows], ref64)
         row["gate_up_config"], row["down_config"] = [dataclasses.asdict(c) for c in geglu.choose_configs(m, d, ff)]
+        cute = geglu._cute_gemms_on(x.device) if geglu.CUTE else None
+        row["gemms"] = "cute" if cute and geglu.shape_class(m, d, ff) in cute.GATE_UP_CONFIGS else "triton"
+        triton_gemms = switched_off(ours, geglu, "CUTE")
+        row["rel_err_ours_triton_gemms_vs_fp64"] = rel_err(triton_gemms()[rows], ref64)
         def failed(variant, e):  # reported and left as NaN in the table, never silently missing
             print(f"[{name}] {variant} could not be timed:\n{''.join(traceback.format_exception(e))}", flush=True)
             row.setdefault("failures", {})[variant] = f"{type(e).__name__}: {e}"
-        times = side_by_side_us({"ours_graph_us": ours, "ours_unfolded_graph_us": unfolded,
+        times = side_by_side_us({"ours_graph_us": ours, "ours_triton_gemms_graph_us": triton_gemms,
+                                 "ours_unfolded_graph_us": unfolded,
                                  "ours_no_pdl_graph_us": switched_off(ours, geglu, "PDL"), "eager_graph_us": eager},
                                 calls_per_replay=CALLS_PER_REPLAY, on_error=failed)
         row.update({variant: float("nan") if us is None else us for variant, us in times.items()})
@@ -153,7 +159,8 @@ def bench_inference(name, m, d, ff, with_compile):
     best_peer = min((v for k, v in row.items() if k in ("eager_graph_us", "maxat_graph_us") and v == v),
                     default=float("nan"))
     row["speedup_vs_best_measured"] = best_peer / row["ours_graph_us"]
-    print(f"[{name}] ours {row['ours_graph_us']:.1f} us (graph; LN not folded {row['ours_unfolded_graph_us']:.1f}), "
+    print(f"[{name}] ours {row['ours_graph_us']:.1f} us (graph, {row['gemms']} GEMMs; Triton GEMMs "
+          f"{row['ours_triton_gemms_graph_us']:.1f}; LN not folded {row['ours_unfolded_graph_us']:.1f}), "
           f"{row['ours_eager_us']:.1f} us (eager launch); "
           f"eager {row['eager_us']:.1f}, eager graph {row['eager_graph_us']:.1f}, "
           f"maxat graph {row.get('maxat_graph_us', float('nan')):.1f}; err ours {row['rel_err_ours_vs_fp64']:.2e} "
@@ -388,18 +395,23 @@ def to_markdown(meta, rows, train):
     lines = [f"# Pre-norm GEGLU block, bf16, {meta['gpu']}", "",
              f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}. µs per call, median; `graph` = "
              f"{CALLS_PER_REPLAY} calls captured in one CUDA graph; `eager launch` = launched from Python.", "",
-             "| M × D → FF | ours (graph) | ours, LN not folded (graph) | ours, no PDL (graph) "
-             "| ours (eager launch) | eager | eager in graph | max-autotune in graph | best PyTorch / ours "
-             "| rel. err ours | rel. err ours, not folded | rel. err eager bf16 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "`ours` runs QuACK's CuTe-DSL GEMMs where the GEMMs column says cute "
+             f"(QuACK {meta.get('quack') or 'not installed'}), else Triton's.", "",
+             "| M × D → FF | GEMMs | ours (graph) | ours, Triton GEMMs (graph) | ours, LN not folded (graph) "
+             "| ours, no PDL (graph) | ours (eager launch) | eager | eager in graph | max-autotune in graph "
+             "| best PyTorch / ours | rel. err ours | rel. err ours, Triton GEMMs | rel. err ours, not folded "
+             "| rel. err eager bf16 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         maxat = f"{r['maxat_graph_us']:.1f}" if "maxat_graph_us" in r else "not run"
         lines.append(
-            f"| {r['M']} × {r['D']} → {r['FF']} | {r['ours_graph_us']:.1f} | {r['ours_unfolded_graph_us']:.1f} "
+            f"| {r['M']} × {r['D']} → {r['FF']} | {r['gemms']} | {r['ours_graph_us']:.1f} "
+            f"| {r['ours_triton_gemms_graph_us']:.1f} | {r['ours_unfolded_graph_us']:.1f} "
             f"| {r['ours_no_pdl_graph_us']:.1f} | {r['ours_eager_us']:.1f} | {r['eager_us']:.1f} "
             f"| {r['eager_graph_us']:.1f} | {maxat} "
             f"| {r['speedup_vs_best_measured']:.2f}× | {r['rel_err_ours_vs_fp64']:.1e} "
-            f"| {r['rel_err_ours_unfolded_vs_fp64']:.1e} | {r['rel_err_eager_bf16_vs_fp64']:.1e} |")
+            f"| {r['rel_err_ours_triton_gemms_vs_fp64']:.1e} | {r['rel_err_ours_unfolded_vs_fp64']:.1e} "
+            f"| {r['rel_err_eager_bf16_vs_fp64']:.1e} |")
     if train:
         t = train
         lines += ["", "Training step (forward + backward), FP32 masters, bf16 input, CUDA bf16 autocast, µs per step "
@@ -432,6 +444,10 @@ def main(argv=None):
         sys.exit("bench_geglu: needs a CUDA GPU")
     os.makedirs(args.out_dir, exist_ok=True)
     meta = environment()
+    try:
+        meta["quack"] = importlib.metadata.version("quack-kernels")
+    except importlib.metadata.PackageNotFoundError:
+        meta["quack"] = None
     names = args.shapes.split(",")
     if args.sweep:
         found = {n: sweep(n, *SHAPES[n], kinds=args.sweep_kinds.split(",")) for n in names}

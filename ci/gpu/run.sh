@@ -4,7 +4,9 @@
 # installs this checkout (no dependencies fetched), runs the op/module test suite (GPU-marked tests included;
 # the engine tests under tests/*/ need the CPU venvs and have GPU scripts of their own in ci/gpu/),
 # then the ops benchmark against PyTorch and the importable peers, writing logs, JSON, Markdown and a plot
-# into OUTDIR. Set SK_GPU_STEPS to a subset of "tests tune bench geglu" to run less.
+# into OUTDIR. With QuACK's staged parts (ci/gpu/cute.sh) in $SK_CUTE_DIR (default .cute-flat),
+# fused_pre_norm_geglu runs its CuTe-DSL GEMMs.
+# Set SK_GPU_STEPS to a subset of "tests tune bench geglu" to run less.
 set -uo pipefail
 out=${1:?usage: ci/gpu/run.sh OUTDIR}
 mkdir -p "$out"
@@ -16,6 +18,10 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
 if [ -d .whl ]; then  # optional peer wheels carried along (e.g. liger-kernel)
   python3 -m pip install -q --no-index --no-deps --target /tmp/sk-peers .whl/*.whl >/dev/null 2>&1 \
     && export PYTHONPATH=/tmp/sk-peers${PYTHONPATH:+:$PYTHONPATH}
+fi
+cute=${SK_CUTE_DIR:-.cute-flat}
+if [ -d "$cute" ]; then  # QuACK's CuTe-DSL GEMMs, staged by ci/gpu/cute.sh (else the Triton GEMMs run)
+  eval "$(bash ci/gpu/cute.sh install "$cute")" || { echo "installing QuACK failed"; exit 1; }
 fi
 python3 -c 'import torch, triton; p = torch.cuda.get_device_properties(0); print(p.name, torch.__version__, triton.__version__)' \
   | tee "$out/environment.txt"

@@ -20,6 +20,9 @@ Three Triton kernels in the forward:
      to fill the GPU (decode), K is split across programs that each write an fp32 partial; the last program to
      finish a tile (counted with an atomic; pass 1 zeroes the counters, so no memset launch) sums the partials
      in split order, the same bits every run, and applies the epilogue.
+On an H200 (SM90) with QuACK installed, inference on folded weights outside decode runs passes 2 and 3 as
+QuACK's CuTe-DSL GEMMs instead (`fused_pre_norm_geglu_cute`: clusters with TMA multicast and ping-pong
+warpgroups, which Triton 3.6 cannot build; the same epilogues).
 The GEMM operands are read through TMA tensor descriptors (Hopper's bulk copy engine feeding wgmma), which
 needs 16-byte rows: d_model and d_ff multiples of 8; other widths take the recorded fallback.
 Matrix products take operands in the activation dtype (bf16/fp16) and accumulate in fp32; LayerNorm reads
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import os
 import weakref
 from typing import Optional
@@ -634,6 +638,20 @@ CHECK_DESCRIPTORS = coverage.TRITON_INTERPRET  # see _descriptor
 # writes. The statistics kernel starts in stream order, after everything before the op (so nothing of the op
 # overlaps the caller's kernels). Not in the interpreter (no inline PTX); SK_GEGLU_PDL=0 turns it off.
 PDL = os.environ.get("SK_GEGLU_PDL", "1") == "1" and not coverage.TRITON_INTERPRET
+# QuACK's CuTe-DSL GEMMs (`fused_pre_norm_geglu_cute`) run inference on folded weights in the shape classes they
+# have configs for, where they can run (see `_cute_gemms_on`); SK_GEGLU_CUTE=0 keeps the Triton GEMMs there too.
+CUTE = os.environ.get("SK_GEGLU_CUTE", "1") == "1" and not coverage.TRITON_INTERPRET
+
+
+@functools.lru_cache(maxsize=16)
+def _cute_gemms_on(device: torch.device):
+    """The CuTe-DSL GEMM module where it runs on `device` (compute capability 9.0, QuACK installed), else None."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+        return None
+    try:
+        return importlib.import_module("sk.ops.fused_pre_norm_geglu_cute")
+    except ImportError:  # QuACK not installed (`pip install standardkernels[cute]`): the Triton GEMMs run
+        return None
 
 
 def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
@@ -652,7 +670,8 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
                      configs: tuple[GemmConfig, GemmConfig] | None = None, fold: torch.Tensor | None = None):
     """Run the three forward kernels. Returns (y, stats, xn, gu); xn and gu are empty unless saving.
     With `fold` (from `_folded_gate_up`; inference only, not with save_for_backward), wg is the folded gate/up
-    weight that comes with it (rows interleaved) and wu is None."""
+    weight that comes with it (rows interleaved) and wu is None; then, without explicit `configs`, QuACK's
+    GEMMs take the gate/up and down products where they run (`CUTE`)."""
     m, d = x2.shape
     ff = wd.shape[1]
     dtype, dev = x2.dtype, x2.device
@@ -664,7 +683,11 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
         return y, stats, xn, gu
     gate_up, down = configs or choose_configs(
         m, d, ff, "training" if save_for_backward else "prologue" if fold is None else "folded")
-    pdl = PDL and gate_up.dependent_launch != "none"
+    cute = _cute_gemms_on(dev) if CUTE and fold is not None and configs is None else None
+    cls = shape_class(m, d, ff)
+    if cute is not None and cls not in cute.GATE_UP_CONFIGS:
+        cute = None
+    pdl = PDL and cute is None and gate_up.dependent_launch != "none"
     d_align, ff_align = _align(d), _align(ff)
     approx_tanh = approximate == "tanh"
     tiles = _cdiv(m, down.block_m) * _cdiv(d, down.block_n)
@@ -686,6 +709,10 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     )
 
     h = torch.empty((m, ff), dtype=dtype, device=dev)
+    if cute is not None:
+        cute.gate_up(x2, stats, wg, fold, h, approximate, cls)
+        cute.down(h, wd, bd, x2, y, cls)
+        return y, stats, xn, gu
     c = gate_up
     tma = _descriptor  # zero-filled past the edges; blocks as the kernel's tiles
     programs = _cdiv(m, c.block_m) * _cdiv(ff, c.block_n)  # one per tile, or (persistent) a few per SM

@@ -1,0 +1,93 @@
+"""The pre-norm GEGLU block's two GEMMs through QuACK's CuTe-DSL kernels (SM90, inference on folded weights).
+
+    h = gelu(r·(x @ W'_gateᵀ − μ·Σ_k W'_gate) + c_gate) · (r·(x @ W'_upᵀ − μ·Σ_k W'_up) + c_up)
+    y = x + h @ W_downᵀ + b_down
+
+with W' the LayerNorm-scaled weights, gate and up rows interleaved, and [Σ_k W'; c] the fold of
+`fused_pre_norm_geglu._folded_gate_up`; μ and r are the row statistics of `_ln_stats_kernel`.
+
+QuACK (github.com/Dao-AILab/quack, `pip install standardkernels[cute]`) builds Hopper GEMMs that Triton 3.6
+cannot express: two-CTA clusters sharing operand tiles by TMA multicast, ping-pong consumer warpgroups (one
+tile's epilogue runs beside the other's main loop) and tiles of any multiple of 16 columns. Its fn frontend
+takes the epilogue as a Python function over the accumulator, so the gate/up product keeps ours: statistics,
+shift, GELU and the gate·up product applied in registers, only h stored. The down projection is QuACK's GEMM
+with residual and bias in its epilogue. Measured on the H200 against our Triton GEMMs, the whole forward side by
+side in CUDA graphs (results/h200/geglu/2026-11-30/ninth-run/): prefill 8192 × 2048 → 16384 2419 µs against
+2568 in the benchmark's graphs of 20 calls (2289 against 2651 in graphs of 5), the seed shape 22.5 against
+24.9 (kernels alone: gate/up 10.4 µs against 11.2, down 8.8 against 11.2; cuBLAS's down 9.5).
+
+Imported only where it can run (a CUDA device of compute capability 9.0 with QuACK installed); the op falls
+back to its Triton GEMMs otherwise, and for decode (its split-K down kernel) and training (which stores the
+pre-activations for the backward).
+"""
+from __future__ import annotations
+
+import torch
+from quack.activation import gelu_erf, gelu_tanh_approx
+from quack.epilogue.frontend import gemm_epilogue, unpack
+from quack.epilogue.ops import ColVecLoad, RowVecLoad
+from quack.gemm_config import GemmConfig
+from quack.gemm_interface import gemm_tuned
+
+
+def _config(tile_m: int, tile_n: int, *, pingpong: bool, swizzle: int = 8) -> GemmConfig:
+    # Clusters of two CTAs along M share each weight tile by multicast; a static persistent schedule (QuACK's
+    # SM90 default) walking the tiles in swizzled groups (`swizzle` tiles wide, for L2 reuse).
+    return GemmConfig(tile_m=tile_m, tile_n=tile_n, pingpong=pingpong, cluster_m=2, cluster_n=1,
+                      is_dynamic_persistent=False, max_swizzle_size=swizzle, device_capacity=9)
+
+
+# Per shape class of `fused_pre_norm_geglu.shape_class`, from ninth-run/experiments/quack_block.json (each GEMM
+# alone and the whole forward, side by side in CUDA graphs). Gate/up's N counts gate and up columns together.
+# small (seed): gate/up 128 × 192 cooperative 10.4 µs (ping-pong 12.5, 128 × 96 11.6, 64-row tiles 14.4-16.0);
+#   down 64 × 96 8.8 µs (128 × 48 8.9; quack.json: 64 × 128 9.4-10.2, 128 × 96 10.9, one CTA per cluster 11.3).
+# large (prefill): gate/up 128 × 192 ping-pong 1504 µs, 128 × 128 ping-pong 1494 (the forward with each: 2289
+#   and 2382), cooperative 128 × 256 1853, 256 × 128 1795; down 128 × 128 ping-pong 774 µs, 128 × 256 816.
+# Then each setting varied alone in the whole forward, three interleaved rounds (experiments/cute_sweep.json):
+#   the table's ran fastest at the seed in every round (22.29-22.32 µs; swizzles 2-32 within 0.1 µs; one-CTA
+#   rows of clusters, the dynamic scheduler, 128 × 96 gate/up tiles 1.1-1.3 µs slower); at prefill the table of
+#   then (down 128 × 128 ping-pong, gate/up swizzle 8) 2408-2413 µs, cooperative 128 × 256 down tiles
+#   2383-2405, gate/up swizzle 16 2405-2412 (within the rounds' spread), swizzle 32 and 128-wide gate/up tiles
+#   ~100 µs slower, the Triton GEMMs 2551-2563. Five more rounds of those two against that table
+#   (cute_confirm.json): both together 2377-2402 µs, ahead in every round; the cooperative down tiles alone
+#   2402-2413; that table 2431-2451 and an identical twin of it 2432-2438.
+GATE_UP_CONFIGS = {"small": _config(128, 192, pingpong=False),
+                   "large": _config(128, 192, pingpong=True, swizzle=16)}
+DOWN_CONFIGS = {"small": _config(64, 96, pingpong=False), "large": _config(128, 256, pingpong=False)}
+
+
+def _folded_ln_geglu(gelu):
+    # The statistics are per row (a column vector over M), the fold's two rows per column; named explicitly so
+    # that M == 2·d_ff cannot make QuACK's shape inference ambiguous.
+    @gemm_epilogue(outputs=("h",), mode="acc_pair", ops={
+        "mean": ColVecLoad("mean"), "rstd": ColVecLoad("rstd"),
+        "colsum": RowVecLoad("colsum"), "shift": RowVecLoad("shift")})
+    def folded_ln_geglu(acc, mean, rstd, colsum, shift):
+        # acc pairs adjacent columns (gate, up): the weights' rows are interleaved.
+        gate, up = unpack((acc - colsum * mean) * rstd + shift)
+        return {"h": gelu(gate) * up}
+    return folded_ln_geglu
+
+
+# Module globals, so that QuACK's compile cache can find them again by import (its `module_locator`).
+FOLDED_LN_GEGLU_ERF = _folded_ln_geglu(gelu_erf)
+FOLDED_LN_GEGLU_TANH = _folded_ln_geglu(gelu_tanh_approx)
+
+
+def gate_up(x: torch.Tensor, stats: torch.Tensor, folded: torch.Tensor, fold: torch.Tensor, h: torch.Tensor,
+            approximate: str, shape_class: str) -> None:
+    """h ← the GEGLU of LayerNorm(x)'s gate and up projections, from x [M, d], stats [2, M] (mean; 1/std),
+    folded [2·ff, d] and fold [2, 2·ff] (see the module docstring)."""
+    epilogue = FOLDED_LN_GEGLU_TANH if approximate == "tanh" else FOLDED_LN_GEGLU_ERF
+    # QuACK loads its vectors from 16-byte boundaries: the statistics' second row starts on one only when M is a
+    # multiple of 4 (the fold's, at 2·d_ff floats, always does); otherwise it is copied (one small kernel).
+    rstd = stats[1:2] if stats.shape[1] % 4 == 0 else stats[1:2].clone()
+    epilogue(x, folded.T, out={"h": h}, store_d=False, config=GATE_UP_CONFIGS[shape_class], tuned=False,
+             mean=stats[0:1], rstd=rstd, colsum=fold[0:1], shift=fold[1:2])
+
+
+def down(h: torch.Tensor, down_weight: torch.Tensor, down_bias: torch.Tensor | None, x: torch.Tensor,
+         y: torch.Tensor, shape_class: str) -> None:
+    """y ← x + h @ down_weightᵀ + down_bias."""
+    # gemm_tuned's undecorated function: the GEMM at an explicit config, without the autotuner around it.
+    gemm_tuned.fn(h, down_weight.T, y, C=x, bias=down_bias, config=DOWN_CONFIGS[shape_class])

@@ -1,0 +1,99 @@
+"""fused_pre_norm_geglu's GEMMs through QuACK's CuTe-DSL kernels (sk/ops/fused_pre_norm_geglu_cute.py): on an
+SM90 GPU with QuACK installed (ci/gpu/install_cute.sh), inference on folded weights in the seed and prefill
+classes must run them, match fp64 math at odd shapes, dtypes, both GELUs and without biases, and replay from a
+CUDA graph; everywhere else the Triton GEMMs run."""
+import importlib
+
+import pytest
+import torch
+
+import sk
+from numerics import rel_err
+from test_fused_pre_norm_geglu import EPS, TOL, eager_bf16, fp64_block, make_params, make_x, poison_allocator
+
+geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
+CUTE = geglu._cute_gemms_on(torch.device("cuda")) if torch.cuda.is_available() else None
+needs_cute = pytest.mark.skipif(CUTE is None, reason="needs an SM90 GPU with QuACK installed (ci/gpu/install_cute.sh)")
+
+
+def test_cpu_tensors_never_take_the_cute_gemms():
+    assert geglu._cute_gemms_on(torch.device("cpu")) is None
+
+
+@pytest.fixture
+def cute_calls(monkeypatch):
+    """The CuTe-DSL launches made, by name, so that a test knows which GEMMs ran."""
+    calls = []
+    for name in ("gate_up", "down"):
+        launch = getattr(CUTE, name)
+        monkeypatch.setattr(CUTE, name, lambda *a, launch=launch, name=name: (calls.append(name), launch(*a))[1])
+    return calls
+
+
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("m,d,ff,dtype,approximate,bias", [
+    (1024, 768, 1448, torch.bfloat16, "none", True),    # the seed shape
+    (1000, 768, 1448, torch.bfloat16, "tanh", True),    # partial row tiles
+    (4097, 768, 1448, torch.bfloat16, "none", False),   # M odd: statistics rows not 16-byte multiples
+    (65, 200, 520, torch.bfloat16, "none", True),       # one row past decode; d_ff not a multiple of 16
+    (80, 64, 40, torch.float16, "tanh", True),          # M == 2·d_ff (row and column vectors alike long)
+    (100, 40, 24, torch.float16, "none", False),        # d_model and d_ff below one tile
+    (333, 1000, 3000, torch.float16, "none", True),
+    (8192, 2048, 16384, torch.bfloat16, "none", True),  # the prefill shape
+])
+def test_gpu_cute_gemms_match_fp64(m, d, ff, dtype, approximate, bias, cute_calls):
+    params = make_params(d, ff, device="cuda", bias=bias, seed=m + d + ff)
+    x = make_x(m, d, dtype, "cuda", seed=m)
+    poison_allocator((m, d), (m, ff))
+    with torch.no_grad(), sk.coverage.strict():
+        y = sk.ops.fused_pre_norm_geglu(x, *params, EPS, approximate)
+    assert cute_calls == ["gate_up", "down"]
+    assert not y.isnan().any()
+    rows = slice(None, 1024)  # rows are independent: an fp64 oracle on the first 1024 keeps prefill quick
+    want = fp64_block(x[rows], *params, approximate=approximate)
+    err = rel_err(y[rows], want)
+    assert err < TOL[dtype], err
+    if dtype == torch.bfloat16:
+        eager_err = rel_err(eager_bf16(x[rows], *params, approximate=approximate), want)
+        assert err <= 2 * eager_err + 1e-3, (err, eager_err)
+
+
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("m,d,ff", [(32, 2048, 16384), (7, 768, 1448)])
+def test_gpu_decode_keeps_the_triton_gemms(m, d, ff, cute_calls):
+    params = make_params(d, ff, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        sk.ops.fused_pre_norm_geglu(make_x(m, d, torch.bfloat16, "cuda"), *params, EPS)
+    assert cute_calls == []
+
+
+@pytest.mark.gpu
+@needs_cute
+def test_gpu_training_keeps_the_triton_gemms(cute_calls):
+    params = [p.requires_grad_() for p in make_params(768, 1448, device="cuda")]
+    x = make_x(1024, 768, torch.bfloat16, "cuda")
+    sk.ops.fused_pre_norm_geglu(x, *params, EPS).sum().backward()
+    assert cute_calls == [] and params[2].grad is not None
+
+
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("m,d,ff", [(1024, 768, 1448), (8192, 2048, 16384)])
+def test_gpu_cute_gemms_replay_from_a_cuda_graph(m, d, ff, cute_calls):
+    """Captured once, replayed on new inputs copied into the static one: the eager call's bits each time."""
+    params = make_params(d, ff, device="cuda", dtype=torch.bfloat16)
+    static_x = make_x(m, d, torch.bfloat16, "cuda")
+    with torch.no_grad():
+        sk.ops.fused_pre_norm_geglu(static_x, *params, EPS)  # compiles and caches the folded weights
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = sk.ops.fused_pre_norm_geglu(static_x, *params, EPS)
+        for seed in (2, 3):
+            x = make_x(m, d, torch.bfloat16, "cuda", seed=seed)
+            static_x.copy_(x)
+            static_y.fill_(float("nan"))
+            graph.replay()
+            assert torch.equal(static_y, sk.ops.fused_pre_norm_geglu(x, *params, EPS))
+    assert set(cute_calls) == {"gate_up", "down"}
