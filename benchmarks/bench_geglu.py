@@ -112,7 +112,8 @@ def switched_off(fn, module, flag):
     """`fn` with `module.flag` False while it runs: the A/B of one of the op's switches (`geglu.FOLD_LN`: the
     gate/up kernel normalizing in its prologue, as in training, instead of using weights with the LayerNorm
     scale folded in; `geglu.PDL`: kernels launched in plain stream order; `geglu.CUTE`: the Triton GEMMs where
-    QuACK's would run; `step_graphs.ENABLED`: training steps launched from Python, not replayed). Read at launch, so a graph capturing `fn` captures the switched-off op."""
+    QuACK's would run; `step_graphs.ENABLED`: training steps launched from Python, not replayed). Read at
+    launch, so a graph capturing `fn` captures the switched-off op."""
     def run():
         saved = getattr(module, flag)
         setattr(module, flag, False)
@@ -137,8 +138,7 @@ def bench_inference(name, m, d, ff, with_compile):
         unfolded = switched_off(ours, geglu, "FOLD_LN")
         row["rel_err_ours_unfolded_vs_fp64"] = rel_err(unfolded()[rows], ref64)
         row["gate_up_config"], row["down_config"] = [dataclasses.asdict(c) for c in geglu.choose_configs(m, d, ff)]
-        cute = geglu._cute_gemms_on(x.device) if geglu.CUTE else None
-        row["gemms"] = "cute" if cute and geglu.shape_class(m, d, ff) in cute.GATE_UP_CONFIGS else "triton"
+        row["gemms"] = "cute" if geglu._cute_gemms_for(x.device, m, d, ff, geglu.FOLD_LN) else "triton"
         triton_gemms = switched_off(ours, geglu, "CUTE")
         row["rel_err_ours_triton_gemms_vs_fp64"] = rel_err(triton_gemms()[rows], ref64)
         def failed(variant, e):  # reported and left as NaN in the table, never silently missing

@@ -1,5 +1,5 @@
 """fused_pre_norm_geglu's GEMMs through QuACK's CuTe-DSL kernels (sk/ops/fused_pre_norm_geglu_cute.py): on an
-SM90 GPU with QuACK installed (ci/gpu/install_cute.sh), inference on folded weights in the seed and prefill
+SM90 GPU with QuACK installed (ci/gpu/cute.sh), inference on folded weights in the seed and prefill
 classes must run them, match fp64 math at odd shapes, dtypes, both GELUs and without biases, and replay from a
 CUDA graph; everywhere else the Triton GEMMs run."""
 import importlib
@@ -13,7 +13,7 @@ from test_fused_pre_norm_geglu import EPS, TOL, eager_bf16, fp64_block, make_par
 
 geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
 CUTE = geglu._cute_gemms_on(torch.device("cuda")) if torch.cuda.is_available() else None
-needs_cute = pytest.mark.skipif(CUTE is None, reason="needs an SM90 GPU with QuACK installed (ci/gpu/install_cute.sh)")
+needs_cute = pytest.mark.skipif(CUTE is None, reason="needs an SM90 GPU with QuACK installed (ci/gpu/cute.sh)")
 
 
 def test_cpu_tensors_never_take_the_cute_gemms():
@@ -50,7 +50,9 @@ def test_gpu_cute_gemms_match_fp64(m, d, ff, dtype, approximate, bias, cute_call
         y = sk.ops.fused_pre_norm_geglu(x, *params, EPS, approximate)
     assert cute_calls == ["gate_up", "down"]
     assert not y.isnan().any()
-    rows = slice(None, 1024)  # rows are independent: an fp64 oracle on the first 1024 keeps prefill quick
+    # Rows are independent: the fp64 oracle on rows spread over M and the last 128 (the last row tiles, clusters
+    # and swizzle groups) keeps prefill quick.
+    rows = torch.cat([torch.linspace(0, m - 1, min(m, 1024)).long(), torch.arange(max(0, m - 128), m)]).unique()
     want = fp64_block(x[rows], *params, approximate=approximate)
     err = rel_err(y[rows], want)
     assert err < TOL[dtype], err
@@ -66,6 +68,32 @@ def test_gpu_decode_keeps_the_triton_gemms(m, d, ff, cute_calls):
     params = make_params(d, ff, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         sk.ops.fused_pre_norm_geglu(make_x(m, d, torch.bfloat16, "cuda"), *params, EPS)
+    assert cute_calls == []
+
+
+@pytest.mark.gpu
+@needs_cute
+def test_gpu_tables_cover_the_same_classes():
+    assert CUTE.GATE_UP_CONFIGS.keys() == CUTE.DOWN_CONFIGS.keys()
+
+
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("switch", ["CUTE", "FOLD_LN"])
+def test_gpu_switches_keep_the_triton_gemms(switch, cute_calls, monkeypatch):
+    """SK_GEGLU_CUTE=0, and inference without the fold (SK_GEGLU_FOLD_LN=0, inference-mode weights, traced
+    calls), run the Triton GEMMs; so do explicit configs (the benchmark's sweeps)."""
+    m, d, ff = 1024, 768, 1448
+    params = make_params(d, ff, device="cuda", dtype=torch.bfloat16)
+    x = make_x(m, d, torch.bfloat16, "cuda")
+    monkeypatch.setattr(geglu, switch, False)
+    with torch.no_grad():
+        y = sk.ops.fused_pre_norm_geglu(x, *params, EPS)
+    assert cute_calls == []
+    assert rel_err(y, fp64_block(x, *params)) < TOL[torch.bfloat16]
+    folded, fold = geglu._fold(*params[:6], torch.bfloat16)
+    geglu._forward_kernels(x, *params[:2], folded, params[3], None, *params[5:], EPS, "none", False,
+                           geglu.choose_configs(m, d, ff), fold=fold)
     assert cute_calls == []
 
 

@@ -19,9 +19,10 @@ if [ -d .whl ]; then  # optional peer wheels carried along (e.g. liger-kernel)
   python3 -m pip install -q --no-index --no-deps --target /tmp/sk-peers .whl/*.whl >/dev/null 2>&1 \
     && export PYTHONPATH=/tmp/sk-peers${PYTHONPATH:+:$PYTHONPATH}
 fi
-cute=${SK_CUTE_DIR:-.cute-flat}
-if [ -d "$cute" ]; then  # QuACK's CuTe-DSL GEMMs, staged by ci/gpu/cute.sh (else the Triton GEMMs run)
-  eval "$(bash ci/gpu/cute.sh install "$cute")" || { echo "installing QuACK failed"; exit 1; }
+cute_dir=${SK_CUTE_DIR:-.cute-flat}
+if [ -d "$cute_dir" ]; then  # QuACK's CuTe-DSL GEMMs, staged by ci/gpu/cute.sh (else the Triton GEMMs run)
+  cute_env=$(bash ci/gpu/cute.sh install "$cute_dir") || { echo "installing QuACK failed"; exit 1; }
+  eval "$cute_env"
 fi
 python3 -c 'import torch, triton; p = torch.cuda.get_device_properties(0); print(p.name, torch.__version__, triton.__version__)' \
   | tee "$out/environment.txt"

@@ -51,6 +51,7 @@ import dataclasses
 import functools
 import importlib
 import os
+import warnings
 import weakref
 from typing import Optional
 
@@ -652,6 +653,19 @@ def _cute_gemms_on(device: torch.device):
         return importlib.import_module("sk.ops.fused_pre_norm_geglu_cute")
     except ImportError:  # QuACK not installed (`pip install standardkernels[cute]`): the Triton GEMMs run
         return None
+    except Exception as e:  # installed but broken (a version mismatch, ...): said once, then the Triton GEMMs
+        warnings.warn(f"sk.ops.{OP}: QuACK's GEMMs failed to load ({type(e).__name__}: {e}); running the Triton "
+                      "GEMMs instead", RuntimeWarning)
+        return None
+
+
+def _cute_gemms_for(device: torch.device, m: int, d: int, ff: int, folded: bool):
+    """The CuTe-DSL GEMM module if it takes this forward's GEMMs (inference on folded weights, in a shape class
+    it has configs for, where it runs, `CUTE` on), else None."""
+    if not (CUTE and folded):
+        return None
+    cute_gemms = _cute_gemms_on(device)
+    return cute_gemms if cute_gemms is not None and shape_class(m, d, ff) in cute_gemms.GATE_UP_CONFIGS else None
 
 
 def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
@@ -683,11 +697,8 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
         return y, stats, xn, gu
     gate_up, down = configs or choose_configs(
         m, d, ff, "training" if save_for_backward else "prologue" if fold is None else "folded")
-    cute = _cute_gemms_on(dev) if CUTE and fold is not None and configs is None else None
-    cls = shape_class(m, d, ff)
-    if cute is not None and cls not in cute.GATE_UP_CONFIGS:
-        cute = None
-    pdl = PDL and cute is None and gate_up.dependent_launch != "none"
+    cute_gemms = _cute_gemms_for(dev, m, d, ff, fold is not None and configs is None)
+    pdl = PDL and cute_gemms is None and gate_up.dependent_launch != "none"
     d_align, ff_align = _align(d), _align(ff)
     approx_tanh = approximate == "tanh"
     tiles = _cdiv(m, down.block_m) * _cdiv(d, down.block_n)
@@ -709,9 +720,10 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     )
 
     h = torch.empty((m, ff), dtype=dtype, device=dev)
-    if cute is not None:
-        cute.gate_up(x2, stats, wg, fold, h, approximate, cls)
-        cute.down(h, wd, bd, x2, y, cls)
+    if cute_gemms is not None:
+        size_class = shape_class(m, d, ff)
+        cute_gemms.gate_up(x2, stats, wg, fold, h, approximate, size_class)
+        cute_gemms.down(h, wd, bd, x2, y, size_class)
         return y, stats, xn, gu
     c = gate_up
     tma = _descriptor  # zero-filled past the edges; blocks as the kernel's tiles
@@ -897,9 +909,11 @@ def _forward(
         (wg, wu), fold = [_tma_ready(compute_weight(w, x.dtype)) for w in (gate_weight, up_weight)], None
     else:
         (wg, fold), wu = folded, None
+    # The down bias is read as a contiguous vector (QuACK's from a 16-byte boundary too); rarely a copy.
+    bd = None if down_bias is None else _tma_ready(down_bias.contiguous())
     return _forward_kernels(
         _tma_ready(x), ln_weight, ln_bias, wg, gate_bias, wu, up_bias,
-        _tma_ready(compute_weight(down_weight, x.dtype)), down_bias, eps, approximate, save_for_backward,
+        _tma_ready(compute_weight(down_weight, x.dtype)), bd, eps, approximate, save_for_backward,
         fold=fold)
 
 

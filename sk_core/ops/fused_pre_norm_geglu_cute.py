@@ -11,10 +11,9 @@ cannot express: two-CTA clusters sharing operand tiles by TMA multicast, ping-po
 tile's epilogue runs beside the other's main loop) and tiles of any multiple of 16 columns. Its fn frontend
 takes the epilogue as a Python function over the accumulator, so the gate/up product keeps ours: statistics,
 shift, GELU and the gate·up product applied in registers, only h stored. The down projection is QuACK's GEMM
-with residual and bias in its epilogue. Measured on the H200 against our Triton GEMMs, the whole forward side by
-side in CUDA graphs (results/h200/geglu/2026-11-30/ninth-run/): prefill 8192 × 2048 → 16384 2419 µs against
-2568 in the benchmark's graphs of 20 calls (2289 against 2651 in graphs of 5), the seed shape 22.5 against
-24.9 (kernels alone: gate/up 10.4 µs against 11.2, down 8.8 against 11.2; cuBLAS's down 9.5).
+with residual and bias in its epilogue. On the H200 the forward runs 5 % faster at the prefill shape and 10 % at
+the seed shape than with our Triton GEMMs, the two measured side by side (results/h200/geglu/NOTES.md, "ninth
+run").
 
 Imported only where it can run (a CUDA device of compute capability 9.0 with QuACK installed); the op falls
 back to its Triton GEMMs otherwise, and for decode (its split-K down kernel) and training (which stores the
@@ -44,8 +43,9 @@ def _config(tile_m: int, tile_n: int, *, pingpong: bool, swizzle: int = 8) -> Ge
 # large (prefill): gate/up 128 × 192 ping-pong 1504 µs, 128 × 128 ping-pong 1494 (the forward with each: 2289
 #   and 2382), cooperative 128 × 256 1853, 256 × 128 1795; down 128 × 128 ping-pong 774 µs, 128 × 256 816.
 # Then each setting varied alone in the whole forward, three interleaved rounds (experiments/cute_sweep.json):
-#   the table's ran fastest at the seed in every round (22.29-22.32 µs; swizzles 2-32 within 0.1 µs; one-CTA
-#   rows of clusters, the dynamic scheduler, 128 × 96 gate/up tiles 1.1-1.3 µs slower); at prefill the table of
+#   the table's ran fastest at the seed in every round (22.29-22.32 µs; swizzles 2-32 within 0.13 µs; down
+#   tiles 128 × 48, ping-pong or in 1 × 2 clusters 0.3-0.5 µs slower; gate/up in 1 × 2 clusters, the dynamic
+#   scheduler, 128 × 96 gate/up tiles 1.1-1.3 µs slower); at prefill the table of
 #   then (down 128 × 128 ping-pong, gate/up swizzle 8) 2408-2413 µs, cooperative 128 × 256 down tiles
 #   2383-2405, gate/up swizzle 16 2405-2412 (within the rounds' spread), swizzle 32 and 128-wide gate/up tiles
 #   ~100 µs slower, the Triton GEMMs 2551-2563. Five more rounds of those two against that table
@@ -88,6 +88,8 @@ def gate_up(x: torch.Tensor, stats: torch.Tensor, folded: torch.Tensor, fold: to
 
 def down(h: torch.Tensor, down_weight: torch.Tensor, down_bias: torch.Tensor | None, x: torch.Tensor,
          y: torch.Tensor, shape_class: str) -> None:
-    """y ← x + h @ down_weightᵀ + down_bias."""
+    """y ← x + h @ down_weightᵀ + down_bias (contiguous, on a 16-byte boundary)."""
+    if down_bias is not None and down_bias.dtype == torch.float64:  # QuACK's vectors are 16- or 32-bit floats
+        down_bias = down_bias.float()
     # gemm_tuned's undecorated function: the GEMM at an explicit config, without the autotuner around it.
     gemm_tuned.fn(h, down_weight.T, y, C=x, bias=down_bias, config=DOWN_CONFIGS[shape_class])
