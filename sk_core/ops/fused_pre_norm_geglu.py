@@ -33,7 +33,8 @@ precision projection weights are cast to the activation dtype once and cached un
 
 Where the gate/up config asks for it (`GemmConfig.dependent_launch`: decode, and training but at prefill), the
 gate/up and down kernels use programmatic dependent launch (`PDL`): each starts while the one before it
-finishes, and waits for it only where it reads that kernel's output.
+finishes, and waits for it only where it reads that kernel's output. QuACK's GEMMs (`fused_pre_norm_geglu_cute`)
+always launch that way and wait before their first load.
 
 Backward: one Triton kernel for the GEGLU derivative (and h, recomputed rather than stored), one for the
 LayerNorm backward with the residual's gradient added (and partial sums of the LayerNorm weight and bias
@@ -699,6 +700,10 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
         m, d, ff, "training" if save_for_backward else "prologue" if fold is None else "folded")
     cute_gemms = _cute_gemms_for(dev, m, d, ff, fold is not None and configs is None)
     pdl = PDL and cute_gemms is None and gate_up.dependent_launch != "none"
+    # QuACK's GEMMs launch dependently and wait before their first load, so the statistics kernel may let gate/up
+    # launch at its start there too: its launch and set-up overlap the statistics (seed 22.2 µs against 22.5,
+    # results/h200/geglu/2026-12-01/tenth-run/experiments/stats_pdl.json).
+    stats_pdl = PDL and (cute_gemms is not None or pdl)
     d_align, ff_align = _align(d), _align(ff)
     approx_tanh = approximate == "tanh"
     tiles = _cdiv(m, down.block_m) * _cdiv(d, down.block_n)
@@ -714,7 +719,7 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     _ln_stats_kernel[(_cdiv(m, rows_per_program),)](
         x2, stats, ln_w, ln_b, xn, arrivals, m, d, eps, tiles,
         D_ALIGN=d_align, HAS_LN_BIAS=ln_b is not None, STORE_XN=save_for_backward,
-        ARRIVALS_BLOCK=max(16, _next_power_of_2(tiles)) if down.split_k > 1 else 0, PDL=pdl,
+        ARRIVALS_BLOCK=max(16, _next_power_of_2(tiles)) if down.split_k > 1 else 0, PDL=stats_pdl,
         BLOCK_M=rows_per_program, BLOCK_D=block_d,
         num_warps=min(16, max(1, rows_per_program * block_d // 512)),
     )
