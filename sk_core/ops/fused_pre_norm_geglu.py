@@ -116,22 +116,24 @@ def _ln_stats_kernel(
             counters = tl.arange(0, ARRIVALS_BLOCK)
             tl.store(arrivals_ptr + counters, tl.zeros((ARRIVALS_BLOCK,), tl.int32), mask=counters < n_arrivals)
     row_stride = d // D_ALIGN * D_ALIGN  # == d, written so the compiler knows its alignment (wide loads)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)[None, :]
-    row_ok = rows < n_rows
-    mask = row_ok[:, None] & (cols < d)
-    offs = rows.to(tl.int64)[:, None] * row_stride + cols
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    mean = tl.sum(x, axis=1) / d
-    centered = tl.where(mask, x - mean[:, None], 0.0)
-    rstd = tl.rsqrt(tl.sum(centered * centered, axis=1) / d + eps)
-    tl.store(stats_ptr + rows, mean, mask=row_ok)
-    tl.store(stats_ptr + n_rows + rows, rstd, mask=row_ok)
-    if STORE_XN:
-        xn = centered * rstd[:, None] * tl.load(ln_w_ptr + cols, mask=cols < d, other=0.0).to(tl.float32)
-        if HAS_LN_BIAS:
-            xn += tl.load(ln_b_ptr + cols, mask=cols < d, other=0.0).to(tl.float32)
-        tl.store(xn_ptr + offs, xn.to(xn_ptr.dtype.element_ty), mask=mask)
+    # A program walks row blocks a grid apart (one block each when the grid covers them all).
+    for block in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < n_rows
+        mask = row_ok[:, None] & (cols < d)
+        offs = rows.to(tl.int64)[:, None] * row_stride + cols
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=1) / d
+        centered = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(centered * centered, axis=1) / d + eps)
+        tl.store(stats_ptr + rows, mean, mask=row_ok)
+        tl.store(stats_ptr + n_rows + rows, rstd, mask=row_ok)
+        if STORE_XN:
+            xn = centered * rstd[:, None] * tl.load(ln_w_ptr + cols, mask=cols < d, other=0.0).to(tl.float32)
+            if HAS_LN_BIAS:
+                xn += tl.load(ln_b_ptr + cols, mask=cols < d, other=0.0).to(tl.float32)
+            tl.store(xn_ptr + offs, xn.to(xn_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -669,6 +671,13 @@ def _cute_gemms_for(device: torch.device, m: int, d: int, ff: int, folded: bool)
     return cute_gemms if cute_gemms is not None and shape_class(m, d, ff) in cute_gemms.GATE_UP_CONFIGS else None
 
 
+def stats_launch(m: int, d: int, cute_gemms: bool) -> tuple[int, int, int]:
+    """The statistics kernel's (programs, rows per program at a time, warps): one program per row block."""
+    rows_per_program = max(1, min(16, 2048 // _next_power_of_2(d)))
+    return (_cdiv(m, rows_per_program), rows_per_program,
+            min(16, max(1, rows_per_program * _next_power_of_2(d) // 512)))
+
+
 def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
     """`TensorDescriptor.from_tensor(t, block)` without its checks (a few µs each, seven descriptors a call),
     which hold by construction here: a 16-byte-aligned base (`_tma_ready`, fresh allocations), rows of a
@@ -715,13 +724,12 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
         partial, arrivals = y, stats  # unread without a split
 
     block_d = _next_power_of_2(d)
-    rows_per_program = max(1, min(16, 2048 // block_d))
-    _ln_stats_kernel[(_cdiv(m, rows_per_program),)](
+    programs, rows_per_program, warps = stats_launch(m, d, cute_gemms is not None)
+    _ln_stats_kernel[(programs,)](
         x2, stats, ln_w, ln_b, xn, arrivals, m, d, eps, tiles,
         D_ALIGN=d_align, HAS_LN_BIAS=ln_b is not None, STORE_XN=save_for_backward,
         ARRIVALS_BLOCK=max(16, _next_power_of_2(tiles)) if down.split_k > 1 else 0, PDL=stats_pdl,
-        BLOCK_M=rows_per_program, BLOCK_D=block_d,
-        num_warps=min(16, max(1, rows_per_program * block_d // 512)),
+        BLOCK_M=rows_per_program, BLOCK_D=block_d, num_warps=warps,
     )
 
     h = torch.empty((m, ff), dtype=dtype, device=dev)

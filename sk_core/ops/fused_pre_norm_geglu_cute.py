@@ -21,9 +21,12 @@ pre-activations for the backward).
 """
 from __future__ import annotations
 
+import functools
+
+import cutlass.cute as cute
 import torch
 from quack.activation import gelu_erf, gelu_tanh_approx
-from quack.epilogue.frontend import gemm_epilogue, unpack
+from quack.epilogue.frontend import EpiMod, unpack
 from quack.epilogue.ops import ColVecLoad, RowVecLoad
 from quack.gemm_config import GemmConfig
 from quack.gemm_interface import gemm_tuned
@@ -56,29 +59,82 @@ GATE_UP_CONFIGS = {"small": _config(128, 192, pingpong=False),
 DOWN_CONFIGS = {"small": _config(64, 96, pingpong=False), "large": _config(128, 256, pingpong=False)}
 
 
-def _folded_ln_geglu(gelu):
+class ColVecLoadAfterPrimary(ColVecLoad):
+    """A per-row vector written by the kernel this GEMM launched behind (programmatic dependent launch): waits
+    for that kernel to finish, which also makes its writes visible (`griddepcontrol.wait`), before loading;
+    then lets the next kernel launch (`griddepcontrol.launch_dependents`, which QuACK otherwise issues after
+    the tile loop)."""
+
+    @cute.jit
+    def begin(self, gemm, param, smem_tensor, ctx):
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
+        return ColVecLoad.begin(self, gemm, param, smem_tensor, ctx)
+
+
+@functools.cache
+def _main_loop_before_wait(gemm_cls):
+    """`gemm_cls` launched dependently but with no wait before its first load: its main loop (on x and the
+    folded weights, older than the statistics kernel) runs while the statistics kernel does, and only the
+    epilogue's statistics load (`ColVecLoadAfterPrimary`) waits.
+    QuACK 0.6.5's SM90 GEMM reads its `use_pdl` on the host for the launch attribute, then, while the kernel
+    body is traced inside `launch`, for the producer's wait before its first load and the consumer's
+    launch_dependents: the flag is kept for the first and cleared for the trace."""
+    class GemmWaitingInEpilogue(gemm_cls):
+        def kernel(self, *args, **kwargs):
+            launcher = super().kernel(*args, **kwargs)
+            trace_and_launch = launcher.launch
+
+            def launch(*launch_args, **launch_kwargs):
+                use_pdl, self.use_pdl = self.use_pdl, False
+                try:
+                    return trace_and_launch(*launch_args, **launch_kwargs)
+                finally:
+                    self.use_pdl = use_pdl
+            launcher.launch = launch
+            return launcher
+    GemmWaitingInEpilogue.__qualname__ = GemmWaitingInEpilogue.__name__ = f"{gemm_cls.__name__}_WaitingInEpilogue"
+    return GemmWaitingInEpilogue
+
+
+class _EpiModWaitingInEpilogue(EpiMod):
+    """An epilogue whose GEMM kernels wait for the kernel before them in the epilogue only
+    (`_main_loop_before_wait`)."""
+
+    def _mint(self, *key):
+        return _main_loop_before_wait(super()._mint(*key))
+
+
+def _folded_ln_geglu(gelu, stats_load=ColVecLoad, epi_mod=EpiMod):
     # The statistics are per row (a column vector over M), the fold's two rows per column; named explicitly so
     # that M == 2·d_ff cannot make QuACK's shape inference ambiguous.
-    @gemm_epilogue(outputs=("h",), mode="acc_pair", ops={
-        "mean": ColVecLoad("mean"), "rstd": ColVecLoad("rstd"),
-        "colsum": RowVecLoad("colsum"), "shift": RowVecLoad("shift")})
     def folded_ln_geglu(acc, mean, rstd, colsum, shift):
         # acc pairs adjacent columns (gate, up): the weights' rows are interleaved.
         gate, up = unpack((acc - colsum * mean) * rstd + shift)
         return {"h": gelu(gate) * up}
-    return folded_ln_geglu
+    return epi_mod(folded_ln_geglu, outputs=("h",), mode="acc_pair", ops={
+        "mean": stats_load("mean"), "rstd": stats_load("rstd"),
+        "colsum": RowVecLoad("colsum"), "shift": RowVecLoad("shift")})
 
 
 # Module globals, so that QuACK's compile cache can find them again by import (its `module_locator`).
 FOLDED_LN_GEGLU_ERF = _folded_ln_geglu(gelu_erf)
 FOLDED_LN_GEGLU_TANH = _folded_ln_geglu(gelu_tanh_approx)
+FOLDED_LN_GEGLU_ERF_WAITING = _folded_ln_geglu(gelu_erf, ColVecLoadAfterPrimary, _EpiModWaitingInEpilogue)
+FOLDED_LN_GEGLU_TANH_WAITING = _folded_ln_geglu(gelu_tanh_approx, ColVecLoadAfterPrimary,
+                                                _EpiModWaitingInEpilogue)
+# Experiment switch (2026-12-01 eleventh run): the gate/up GEMM waits for the statistics kernel in its epilogue.
+WAIT_IN_EPILOGUE = True
 
 
 def gate_up(x: torch.Tensor, stats: torch.Tensor, folded: torch.Tensor, fold: torch.Tensor, h: torch.Tensor,
             approximate: str, shape_class: str) -> None:
     """h ← the GEGLU of LayerNorm(x)'s gate and up projections, from x [M, d], stats [2, M] (mean; 1/std),
     folded [2·ff, d] and fold [2, 2·ff] (see the module docstring)."""
-    epilogue = FOLDED_LN_GEGLU_TANH if approximate == "tanh" else FOLDED_LN_GEGLU_ERF
+    if WAIT_IN_EPILOGUE:
+        epilogue = FOLDED_LN_GEGLU_TANH_WAITING if approximate == "tanh" else FOLDED_LN_GEGLU_ERF_WAITING
+    else:
+        epilogue = FOLDED_LN_GEGLU_TANH if approximate == "tanh" else FOLDED_LN_GEGLU_ERF
     # QuACK loads its vectors from 16-byte boundaries: the statistics' second row starts on one only when M is a
     # multiple of 4 (the fold's, at 2·d_ff floats, always does); otherwise it is copied (one small kernel).
     rstd = stats[1:2] if stats.shape[1] % 4 == 0 else stats[1:2].clone()
