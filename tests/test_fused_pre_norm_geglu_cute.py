@@ -125,3 +125,38 @@ def test_gpu_cute_gemms_replay_from_a_cuda_graph(m, d, ff, cute_calls):
             graph.replay()
             assert torch.equal(static_y, sk.ops.fused_pre_norm_geglu(x, *params, EPS))
     assert set(cute_calls) == {"gate_up", "down"}
+
+
+_GATE_UP_PTX = """
+import sys, torch
+sys.path.insert(0, "tests")
+from test_fused_pre_norm_geglu_cute import CUTE
+m, d, ff = 256, 128, 96  # the kernel is compiled for symbolic sizes: the op's, at small ones
+x, folded = torch.randn(m, d, device="cuda").bfloat16(), torch.randn(2 * ff, d, device="cuda").bfloat16()
+stats, fold = torch.rand(2, m, device="cuda") + 0.5, torch.randn(2, 2 * ff, device="cuda")
+CUTE.gate_up(x, stats, folded, fold, torch.empty(m, ff, device="cuda", dtype=torch.bfloat16), "none", "small")
+torch.cuda.synchronize()
+"""
+
+
+@pytest.mark.gpu
+@needs_cute
+def test_gpu_gate_up_waits_for_the_statistics_kernel_in_its_epilogue_only(tmp_path):
+    """The gate/up GEMM's PTX, compiled afresh: no `griddepcontrol.wait` in the producer warps (which come
+    first), one after the first wgmma and before h's first store, where the epilogue reads the statistics;
+    QuACK's own wait before the first load where the version is not the one this was written against."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path), QUACK_CACHE_ENABLED="0")
+    subprocess.run([sys.executable, "-c", _GATE_UP_PTX], env=env, check=True, timeout=600)
+    (ptx_file,) = tmp_path.glob("*folded_ln_geglu*.ptx")
+    ptx = ptx_file.read_text()
+    waits = [i for i, line in enumerate(ptx.splitlines()) if "griddepcontrol.wait" in line]
+    first = {name: next(i for i, line in enumerate(ptx.splitlines()) if pattern in line) for name, pattern in [
+        ("consumers", "setmaxnreg.inc"), ("wgmma", "wgmma.mma_async"), ("h store", "cp.async.bulk.tensor.2d.global")]}
+    if CUTE.WAIT_IN_EPILOGUE:
+        assert waits and min(waits) > first["wgmma"] > first["consumers"], (waits, first)
+        assert any(first["wgmma"] < w < first["h store"] for w in waits), (waits, first)
+    else:
+        assert waits and min(waits) < first["consumers"], (waits, first)

@@ -34,7 +34,7 @@ precision projection weights are cast to the activation dtype once and cached un
 Where the gate/up config asks for it (`GemmConfig.dependent_launch`: decode, and training but at prefill), the
 gate/up and down kernels use programmatic dependent launch (`PDL`): each starts while the one before it
 finishes, and waits for it only where it reads that kernel's output. QuACK's GEMMs (`fused_pre_norm_geglu_cute`)
-always launch that way and wait before their first load.
+always launch that way: down waits before its first load, gate/up in its epilogue, where it reads the statistics.
 
 Backward: one Triton kernel for the GEGLU derivative (and h, recomputed rather than stored), one for the
 LayerNorm backward with the residual's gradient added (and partial sums of the LayerNorm weight and bias
@@ -116,24 +116,22 @@ def _ln_stats_kernel(
             counters = tl.arange(0, ARRIVALS_BLOCK)
             tl.store(arrivals_ptr + counters, tl.zeros((ARRIVALS_BLOCK,), tl.int32), mask=counters < n_arrivals)
     row_stride = d // D_ALIGN * D_ALIGN  # == d, written so the compiler knows its alignment (wide loads)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)[None, :]
-    # A program walks row blocks a grid apart (one block each when the grid covers them all).
-    for block in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
-        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < n_rows
-        mask = row_ok[:, None] & (cols < d)
-        offs = rows.to(tl.int64)[:, None] * row_stride + cols
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        mean = tl.sum(x, axis=1) / d
-        centered = tl.where(mask, x - mean[:, None], 0.0)
-        rstd = tl.rsqrt(tl.sum(centered * centered, axis=1) / d + eps)
-        tl.store(stats_ptr + rows, mean, mask=row_ok)
-        tl.store(stats_ptr + n_rows + rows, rstd, mask=row_ok)
-        if STORE_XN:
-            xn = centered * rstd[:, None] * tl.load(ln_w_ptr + cols, mask=cols < d, other=0.0).to(tl.float32)
-            if HAS_LN_BIAS:
-                xn += tl.load(ln_b_ptr + cols, mask=cols < d, other=0.0).to(tl.float32)
-            tl.store(xn_ptr + offs, xn.to(xn_ptr.dtype.element_ty), mask=mask)
+    row_ok = rows < n_rows
+    mask = row_ok[:, None] & (cols < d)
+    offs = rows.to(tl.int64)[:, None] * row_stride + cols
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / d
+    centered = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = tl.rsqrt(tl.sum(centered * centered, axis=1) / d + eps)
+    tl.store(stats_ptr + rows, mean, mask=row_ok)
+    tl.store(stats_ptr + n_rows + rows, rstd, mask=row_ok)
+    if STORE_XN:
+        xn = centered * rstd[:, None] * tl.load(ln_w_ptr + cols, mask=cols < d, other=0.0).to(tl.float32)
+        if HAS_LN_BIAS:
+            xn += tl.load(ln_b_ptr + cols, mask=cols < d, other=0.0).to(tl.float32)
+        tl.store(xn_ptr + offs, xn.to(xn_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -671,13 +669,6 @@ def _cute_gemms_for(device: torch.device, m: int, d: int, ff: int, folded: bool)
     return cute_gemms if cute_gemms is not None and shape_class(m, d, ff) in cute_gemms.GATE_UP_CONFIGS else None
 
 
-def stats_launch(m: int, d: int, cute_gemms: bool) -> tuple[int, int, int]:
-    """The statistics kernel's (programs, rows per program at a time, warps): one program per row block."""
-    rows_per_program = max(1, min(16, 2048 // _next_power_of_2(d)))
-    return (_cdiv(m, rows_per_program), rows_per_program,
-            min(16, max(1, rows_per_program * _next_power_of_2(d) // 512)))
-
-
 def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
     """`TensorDescriptor.from_tensor(t, block)` without its checks (a few µs each, seven descriptors a call),
     which hold by construction here: a 16-byte-aligned base (`_tma_ready`, fresh allocations), rows of a
@@ -709,9 +700,10 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
         m, d, ff, "training" if save_for_backward else "prologue" if fold is None else "folded")
     cute_gemms = _cute_gemms_for(dev, m, d, ff, fold is not None and configs is None)
     pdl = PDL and cute_gemms is None and gate_up.dependent_launch != "none"
-    # QuACK's GEMMs launch dependently and wait before their first load, so the statistics kernel may let gate/up
-    # launch at its start there too: its launch and set-up overlap the statistics (seed 22.2 µs against 22.5,
-    # results/h200/geglu/2026-12-01/tenth-run/experiments/stats_pdl.json).
+    # QuACK's GEMMs launch dependently and wait for the kernel before them (gate/up in its epilogue, see
+    # `fused_pre_norm_geglu_cute`), so the statistics kernel may let gate/up launch at its start there too: its
+    # launch, set-up and main loop overlap the statistics (seed 22.2 µs against 22.5 with gate/up waiting before
+    # its first load, results/h200/geglu/2026-12-01/tenth-run/experiments/stats_pdl.json).
     stats_pdl = PDL and (cute_gemms is not None or pdl)
     d_align, ff_align = _align(d), _align(ff)
     approx_tanh = approximate == "tanh"
@@ -724,12 +716,13 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
         partial, arrivals = y, stats  # unread without a split
 
     block_d = _next_power_of_2(d)
-    programs, rows_per_program, warps = stats_launch(m, d, cute_gemms is not None)
-    _ln_stats_kernel[(programs,)](
+    rows_per_program = max(1, min(16, 2048 // block_d))
+    _ln_stats_kernel[(_cdiv(m, rows_per_program),)](
         x2, stats, ln_w, ln_b, xn, arrivals, m, d, eps, tiles,
         D_ALIGN=d_align, HAS_LN_BIAS=ln_b is not None, STORE_XN=save_for_backward,
         ARRIVALS_BLOCK=max(16, _next_power_of_2(tiles)) if down.split_k > 1 else 0, PDL=stats_pdl,
-        BLOCK_M=rows_per_program, BLOCK_D=block_d, num_warps=warps,
+        BLOCK_M=rows_per_program, BLOCK_D=block_d,
+        num_warps=min(16, max(1, rows_per_program * block_d // 512)),
     )
 
     h = torch.empty((m, ff), dtype=dtype, device=dev)

@@ -10,8 +10,9 @@ QuACK (github.com/Dao-AILab/quack, `pip install standardkernels[cute]`) builds H
 cannot express: two-CTA clusters sharing operand tiles by TMA multicast, ping-pong consumer warpgroups (one
 tile's epilogue runs beside the other's main loop) and tiles of any multiple of 16 columns. Its fn frontend
 takes the epilogue as a Python function over the accumulator, so the gate/up product keeps ours: statistics,
-shift, GELU and the gate·up product applied in registers, only h stored. The down projection is QuACK's GEMM
-with residual and bias in its epilogue. On the H200 the forward runs 5 % faster at the prefill shape and 10 % at
+shift, GELU and the gate·up product applied in registers, only h stored; its main loop runs while the statistics
+kernel finishes, and only its epilogue waits for that kernel (`ColVecLoadAfterPrimary`). The down projection is
+QuACK's GEMM with residual and bias in its epilogue. On the H200 the forward runs 5 % faster at the prefill shape and 10 % at
 the seed shape than with our Triton GEMMs, the two measured side by side (results/h200/geglu/NOTES.md, "ninth
 run").
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import functools
 
 import cutlass.cute as cute
+import quack
 import torch
 from quack.activation import gelu_erf, gelu_tanh_approx
 from quack.epilogue.frontend import EpiMod, unpack
@@ -74,12 +76,12 @@ class ColVecLoadAfterPrimary(ColVecLoad):
 
 @functools.cache
 def _main_loop_before_wait(gemm_cls):
-    """`gemm_cls` launched dependently but with no wait before its first load: its main loop (on x and the
-    folded weights, older than the statistics kernel) runs while the statistics kernel does, and only the
-    epilogue's statistics load (`ColVecLoadAfterPrimary`) waits.
-    QuACK 0.6.5's SM90 GEMM reads its `use_pdl` on the host for the launch attribute, then, while the kernel
-    body is traced inside `launch`, for the producer's wait before its first load and the consumer's
-    launch_dependents: the flag is kept for the first and cleared for the trace."""
+    """`gemm_cls` launched dependently but with no wait before its first load: its main loop on x and the
+    folded weights (older than the statistics kernel) runs while the statistics kernel finishes, and only the
+    epilogue's statistics load (`ColVecLoadAfterPrimary`) waits for it.
+    QuACK 0.6.5's SM90 GEMM reads its `use_pdl` on the host for the launch attribute, then, while `launch`
+    traces the kernel body, for the producer's wait before its first load and the consumer's
+    launch_dependents: the flag stays set for the first and is cleared for the trace."""
     class GemmWaitingInEpilogue(gemm_cls):
         def kernel(self, *args, **kwargs):
             launcher = super().kernel(*args, **kwargs)
@@ -105,13 +107,22 @@ class _EpiModWaitingInEpilogue(EpiMod):
         return _main_loop_before_wait(super()._mint(*key))
 
 
-def _folded_ln_geglu(gelu, stats_load=ColVecLoad, epi_mod=EpiMod):
+# The gate/up GEMM waits for the statistics kernel where its epilogue reads them, its main loop running beside
+# that kernel: seed 21.5 µs against 22.3 (results/h200/geglu/2026-12-01/eleventh-run/experiments/stats_overlap.json).
+# Written against QuACK 0.6.5's kernel (see `_main_loop_before_wait`); any other version keeps QuACK's wait
+# before the first load.
+WAIT_IN_EPILOGUE = quack.__version__ == "0.6.5"
+
+
+def _folded_ln_geglu(gelu):
     # The statistics are per row (a column vector over M), the fold's two rows per column; named explicitly so
     # that M == 2·d_ff cannot make QuACK's shape inference ambiguous.
     def folded_ln_geglu(acc, mean, rstd, colsum, shift):
         # acc pairs adjacent columns (gate, up): the weights' rows are interleaved.
         gate, up = unpack((acc - colsum * mean) * rstd + shift)
         return {"h": gelu(gate) * up}
+    stats_load, epi_mod = (ColVecLoadAfterPrimary, _EpiModWaitingInEpilogue) if WAIT_IN_EPILOGUE else (
+        ColVecLoad, EpiMod)
     return epi_mod(folded_ln_geglu, outputs=("h",), mode="acc_pair", ops={
         "mean": stats_load("mean"), "rstd": stats_load("rstd"),
         "colsum": RowVecLoad("colsum"), "shift": RowVecLoad("shift")})
@@ -120,21 +131,13 @@ def _folded_ln_geglu(gelu, stats_load=ColVecLoad, epi_mod=EpiMod):
 # Module globals, so that QuACK's compile cache can find them again by import (its `module_locator`).
 FOLDED_LN_GEGLU_ERF = _folded_ln_geglu(gelu_erf)
 FOLDED_LN_GEGLU_TANH = _folded_ln_geglu(gelu_tanh_approx)
-FOLDED_LN_GEGLU_ERF_WAITING = _folded_ln_geglu(gelu_erf, ColVecLoadAfterPrimary, _EpiModWaitingInEpilogue)
-FOLDED_LN_GEGLU_TANH_WAITING = _folded_ln_geglu(gelu_tanh_approx, ColVecLoadAfterPrimary,
-                                                _EpiModWaitingInEpilogue)
-# Experiment switch (2026-12-01 eleventh run): the gate/up GEMM waits for the statistics kernel in its epilogue.
-WAIT_IN_EPILOGUE = True
 
 
 def gate_up(x: torch.Tensor, stats: torch.Tensor, folded: torch.Tensor, fold: torch.Tensor, h: torch.Tensor,
             approximate: str, shape_class: str) -> None:
     """h ← the GEGLU of LayerNorm(x)'s gate and up projections, from x [M, d], stats [2, M] (mean; 1/std),
     folded [2·ff, d] and fold [2, 2·ff] (see the module docstring)."""
-    if WAIT_IN_EPILOGUE:
-        epilogue = FOLDED_LN_GEGLU_TANH_WAITING if approximate == "tanh" else FOLDED_LN_GEGLU_ERF_WAITING
-    else:
-        epilogue = FOLDED_LN_GEGLU_TANH if approximate == "tanh" else FOLDED_LN_GEGLU_ERF
+    epilogue = FOLDED_LN_GEGLU_TANH if approximate == "tanh" else FOLDED_LN_GEGLU_ERF
     # QuACK loads its vectors from 16-byte boundaries: the statistics' second row starts on one only when M is a
     # multiple of 4 (the fold's, at 2·d_ff floats, always does); otherwise it is copied (one small kernel).
     rstd = stats[1:2] if stats.shape[1] % 4 == 0 else stats[1:2].clone()
