@@ -1,0 +1,78 @@
+"""Experiment (2026-12-01, H200): the gate/up GEMM computing the LayerNorm statistics in its own main loop
+(`fused_pre_norm_geglu_cute.gate_up_with_row_stats`: the consumer threads sum the rows of each x k-tile in shared
+memory while its wgmma runs), so that no statistics kernel runs, against the op (statistics kernel, gate/up
+waiting for it in its epilogue). Error against fp64 at the seed, at shapes with partial row and k-tiles, and on
+inputs whose mean is large against their spread; the whole forward at the seed in CUDA graphs of 20 calls,
+replays interleaved, three rounds. Run from the repository root with QuACK on the path (ci/gpu/cute.sh):
+    python3 results/h200/geglu/2026-12-01/eleventh-run/experiments/row_stats_in_main_loop.py OUT"""
+import importlib
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, "benchmarks")
+import bench_geglu as b  # noqa: E402
+from sk.bench.timing import environment, side_by_side_us  # noqa: E402
+
+geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
+cute = importlib.import_module("sk.ops.fused_pre_norm_geglu_cute")
+OP_GATE_UP, OP_STATS = cute.gate_up, geglu._ln_stats_kernel
+
+
+class NotLaunched:
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def forward(x, args, row_stats):
+    eps = args[-1]
+
+    def gate_up(x, stats, folded, fold, h, approximate, shape_class):
+        cute.gate_up_with_row_stats(x, stats, folded, fold, h, eps, approximate, shape_class)
+
+    def fn():
+        if row_stats:
+            cute.gate_up, geglu._ln_stats_kernel = gate_up, NotLaunched()
+        try:
+            return geglu.fused_pre_norm_geglu(x, *args)
+        finally:
+            cute.gate_up, geglu._ln_stats_kernel = OP_GATE_UP, OP_STATS
+    return fn
+
+
+def errors():
+    out = {}
+    for m, d, ff, shift in [(1024, 768, 1448, 0.0), (1000, 200, 520, 0.0), (333, 1000, 1448, 0.0),
+                            (1024, 768, 1448, 100.0), (1000, 40, 24, 30.0)]:
+        _, x, args = b.inference_problem(m, d, ff)
+        x = x + shift
+        ref = geglu.fused_pre_norm_geglu_reference(x.double(), *[a.double() if torch.is_tensor(a) else a
+                                                                 for a in args])
+        with torch.no_grad():
+            out[f"{m}x{d}->{ff}, x + {shift}"] = {
+                "op": b.rel_err(forward(x, args, False)(), ref),
+                "row stats in main loop": b.rel_err(forward(x, args, True)(), ref)}
+        print(out, flush=True)
+    return out
+
+
+def main(out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    results = {"environment": environment(), "rel_err": errors(), "rounds": []}
+    m, d, ff = b.SHAPES["seed"]
+    _, x, args = b.inference_problem(m, d, ff)
+    fns = {"op": forward(x, args, False), "op (twin)": forward(x, args, False),
+           "row stats in main loop": forward(x, args, True), "row stats in main loop (twin)": forward(x, args, True)}
+    with torch.no_grad():
+        for r in range(3):
+            times = side_by_side_us(fns, calls_per_replay=20, repeats=50, on_error=lambda n, e: print("ERR", n, e))
+            results["rounds"].append(times)
+            for name, us in sorted(times.items(), key=lambda kv: kv[1] or 1e9):
+                print(f"seed round {r} {name:36s} {us:8.2f} us", flush=True)
+    json.dump(results, open(os.path.join(out_dir, "row_stats_in_main_loop.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
