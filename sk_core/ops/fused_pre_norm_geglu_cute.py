@@ -22,6 +22,7 @@ pre-activations for the backward).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import inspect
@@ -140,6 +141,21 @@ class ColVecFromMainLoop(ColVecLoad):
         return [tDsV, cute.make_rmem_tensor(tDsV_sub.layout, gemm.acc_dtype)]
 
 
+@dataclasses.dataclass(frozen=True)
+class _ReleasingAfter:
+    """A GEMM's operand pipeline that calls `before_release(stage)` before each consumer release (a dataclass, as
+    the pipeline is, so that the DSL can carry it through dynamic control flow)."""
+    pipeline: object
+    before_release: object
+
+    def __getattr__(self, name):
+        return getattr(self.pipeline, name)
+
+    def consumer_release(self, state, *args, **kwargs):
+        self.before_release(state.index)
+        return self.pipeline.consumer_release(state, *args, **kwargs)
+
+
 @functools.cache
 def _row_stats_in_main_loop(gemm_cls):
     """`gemm_cls` computing LayerNorm's row statistics of A (x) itself, from the k-tiles its main loop has in shared
@@ -176,16 +192,17 @@ def _row_stats_in_main_loop(gemm_cls):
             sums[0] = self._x_rows[row, 0, ab_read_state.index].to(Float32)
             x_half = cute.make_rmem_tensor((half_k,), self._x_rows.element_type)
 
-            def mma_and_row_sums(A_idx, B_idx, zero_init):
-                mma_fn(A_idx=A_idx, B_idx=B_idx, zero_init=zero_init)
-                cute.autovec_copy(cute.local_tile(self._x_rows[row, None, A_idx], (half_k,), (half,)), x_half)
+            def sum_rows(stage):
+                cute.autovec_copy(cute.local_tile(self._x_rows[row, None, stage], (half_k,), (half,)), x_half)
                 x = x_half.load().to(Float32)
                 centered = x - sums[0]
                 sums[1] = sums[1] + x.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
                 sums[2] = sums[2] + (centered * centered).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
 
-            ab_read_state = super().mma(ab_pipeline, ab_read_state, mma_and_row_sums, acc, acc_slow, k_tile_cnt,
-                                        warp_group_idx)
+            # Each k-tile is summed as its stage is released: after its wgmmas are done and the next k-tile's are
+            # issued (where they then run), and exactly once.
+            ab_read_state = super().mma(_ReleasingAfter(ab_pipeline, sum_rows), ab_read_state, mma_fn, acc,
+                                        acc_slow, k_tile_cnt, warp_group_idx)
             self._row_sums = sums
             return ab_read_state
 
