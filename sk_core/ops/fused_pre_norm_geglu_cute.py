@@ -27,6 +27,7 @@ import functools
 import hashlib
 import inspect
 
+import cutlass
 import cutlass.cute as cute
 import quack
 import torch
@@ -142,18 +143,21 @@ class ColVecFromMainLoop(ColVecLoad):
 
 
 @dataclasses.dataclass(frozen=True)
-class _ReleasingAfter:
-    """A GEMM's operand pipeline that calls `before_release(stage)` before each consumer release (a dataclass, as
-    the pipeline is, so that the DSL can carry it through dynamic control flow)."""
+class _ReleaseHooks:
+    """A GEMM's operand pipeline that calls `before(stage)` before each consumer release and `after()` after it (a
+    dataclass, as the pipeline is, so that the DSL can carry it through dynamic control flow)."""
     pipeline: object
-    before_release: object
+    before: object
+    after: object
 
     def __getattr__(self, name):
         return getattr(self.pipeline, name)
 
     def consumer_release(self, state, *args, **kwargs):
-        self.before_release(state.index)
-        return self.pipeline.consumer_release(state, *args, **kwargs)
+        self.before(state.index)
+        released = self.pipeline.consumer_release(state, *args, **kwargs)
+        self.after()
+        return released
 
 
 @functools.cache
@@ -192,16 +196,23 @@ def _row_stats_in_main_loop(gemm_cls):
             sums[0] = self._x_rows[row, 0, ab_read_state.index].to(Float32)
             x_half = cute.make_rmem_tensor((half_k,), self._x_rows.element_type)
 
-            def sum_rows(stage):
-                cute.autovec_copy(cute.local_tile(self._x_rows[row, None, stage], (half_k,), (half,)), x_half)
+            def copy_rows(stage):
+                # 16-byte chunks of the row, this thread's half of them, in an order that puts each group of 8
+                # threads (4 rows, as a 128-bit shared load serves them) on 8 different chunks of 32 banks.
+                x_row = self._x_rows[row, None, stage]
+                for j in cutlass.range_constexpr(half_k // 8):
+                    chunk = half * (half_k // 8) + (j + row) % (half_k // 8)
+                    cute.autovec_copy(cute.local_tile(x_row, (8,), (chunk,)), cute.local_tile(x_half, (8,), (j,)))
+
+            def sum_rows():
                 x = x_half.load().to(Float32)
                 centered = x - sums[0]
                 sums[1] = sums[1] + x.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
                 sums[2] = sums[2] + (centered * centered).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
 
-            # Each k-tile is summed as its stage is released: after its wgmmas are done and the next k-tile's are
-            # issued (where they then run), and exactly once.
-            ab_read_state = super().mma(_ReleasingAfter(ab_pipeline, sum_rows), ab_read_state, mma_fn, acc,
+            # Each k-tile's rows are copied to registers as its stage is released (after its wgmmas are done and
+            # the next k-tile's issued; exactly once), and summed once the stage is free for the next load.
+            ab_read_state = super().mma(_ReleaseHooks(ab_pipeline, copy_rows, sum_rows), ab_read_state, mma_fn, acc,
                                         acc_slow, k_tile_cnt, warp_group_idx)
             self._row_sums = sums
             return ab_read_state
