@@ -161,7 +161,7 @@ class _ReleaseHooks:
 
 
 @functools.cache
-def _row_stats_in_main_loop(gemm_cls):
+def _row_stats_in_main_loop(gemm_cls, work="copy and sum"):
     """`gemm_cls` computing LayerNorm's row statistics of A (x) itself, from the k-tiles its main loop has in shared
     memory: while a k-tile's wgmma runs, each of the 256 consumer threads sums half of one of the tile's 128 rows
     (Σx and Σ(x − c)², c the row's first element in shared memory), two threads a row. After the loop the two
@@ -212,7 +212,12 @@ def _row_stats_in_main_loop(gemm_cls):
 
             # Each k-tile's rows are copied to registers as its stage is released (after its wgmmas are done and
             # the next k-tile's issued; exactly once), and summed once the stage is free for the next load.
-            ab_read_state = super().mma(_ReleaseHooks(ab_pipeline, copy_rows, sum_rows), ab_read_state, mma_fn, acc,
+            def keep_copy():  # the least that keeps the copies: a bf16 sum
+                sums[1] = sums[1] + Float32(x_half.load().reduce(cute.ReductionOp.ADD, x_half.element_type(0.0), 0))
+
+            hooks = {"copy and sum": (copy_rows, sum_rows), "copy": (copy_rows, keep_copy),
+                     "none": (lambda stage: None, lambda: None)}[work]
+            ab_read_state = super().mma(_ReleaseHooks(ab_pipeline, *hooks), ab_read_state, mma_fn, acc,
                                         acc_slow, k_tile_cnt, warp_group_idx)
             self._row_sums = sums
             return ab_read_state
@@ -246,8 +251,10 @@ def _row_stats_in_main_loop(gemm_cls):
 class _EpiModWithRowStats(EpiMod):
     """An epilogue whose GEMM kernels compute the row statistics in their main loop (`_row_stats_in_main_loop`)."""
 
+    work = "copy and sum"
+
     def _mint(self, *key):
-        return _row_stats_in_main_loop(super()._mint(*key))
+        return _row_stats_in_main_loop(super()._mint(*key), self.work)
 
 
 def _folded_ln_geglu(gelu):
@@ -264,13 +271,14 @@ def _folded_ln_geglu(gelu):
         "colsum": RowVecLoad("colsum"), "shift": RowVecLoad("shift")})
 
 
-def _folded_ln_geglu_with_row_stats(gelu):
+def _folded_ln_geglu_with_row_stats(gelu, work="copy and sum"):
     # As `_folded_ln_geglu`; eps, d_model and k_padding (the zeros that fill x's last k-tile) are read by the
     # statistics (`_row_stats_in_main_loop`), not by this function.
     def folded_ln_geglu_with_row_stats(acc, mean, rstd, colsum, shift, eps, d_model, k_padding):
-        gate, up = unpack((acc - colsum * mean) * rstd + shift)
+        gate, up = unpack((acc - colsum * mean) * rstd + shift + (0.0 if work == "copy and sum" else 0.0))
         return {"h": gelu(gate) * up}
-    return _EpiModWithRowStats(folded_ln_geglu_with_row_stats, outputs=("h",), mode="acc_pair", ops={
+    epi_mod_cls = type(f"_EpiModWithRowStats_{work.replace(' ', '_')}", (_EpiModWithRowStats,), {"work": work})
+    return epi_mod_cls(folded_ln_geglu_with_row_stats, outputs=("h",), mode="acc_pair", ops={
         "mean": ColVecFromMainLoop("mean"), "rstd": ColVecFromMainLoop("rstd"),
         "colsum": RowVecLoad("colsum"), "shift": RowVecLoad("shift")})
 
@@ -280,12 +288,19 @@ FOLDED_LN_GEGLU_ERF = _folded_ln_geglu(gelu_erf)
 FOLDED_LN_GEGLU_TANH = _folded_ln_geglu(gelu_tanh_approx)
 FOLDED_LN_GEGLU_ERF_ROW_STATS = _folded_ln_geglu_with_row_stats(gelu_erf)
 FOLDED_LN_GEGLU_TANH_ROW_STATS = _folded_ln_geglu_with_row_stats(gelu_tanh_approx)
+FOLDED_LN_GEGLU_ERF_ROW_STATS_COPY = _folded_ln_geglu_with_row_stats(gelu_erf, "copy")
+FOLDED_LN_GEGLU_ERF_ROW_STATS_NONE = _folded_ln_geglu_with_row_stats(gelu_erf, "none")
+
+
+ROW_STATS_WORK = "copy and sum"  # experiment switch
 
 
 def gate_up_with_row_stats(x: torch.Tensor, stats: torch.Tensor, folded: torch.Tensor, fold: torch.Tensor,
                            h: torch.Tensor, eps: float, approximate: str, shape_class: str) -> None:
     """As `gate_up`, computing the statistics itself (into stats) instead of reading them."""
     epilogue = FOLDED_LN_GEGLU_TANH_ROW_STATS if approximate == "tanh" else FOLDED_LN_GEGLU_ERF_ROW_STATS
+    epilogue = {"copy": FOLDED_LN_GEGLU_ERF_ROW_STATS_COPY, "none": FOLDED_LN_GEGLU_ERF_ROW_STATS_NONE}.get(
+        ROW_STATS_WORK, epilogue)
     d = x.shape[1]
     tile_k = 128 // x.element_size()  # k-tiles of 128 bytes (QuACK's default for 16-bit operands)
     # QuACK takes its vectors on 16-byte boundaries (see `gate_up`): else 1/std goes through a copy.

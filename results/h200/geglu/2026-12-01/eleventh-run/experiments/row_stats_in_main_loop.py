@@ -3,7 +3,8 @@
 memory while its wgmma runs), so that no statistics kernel runs, against the op (statistics kernel, gate/up
 waiting for it in its epilogue). Error against fp64 at the seed, at shapes with partial row and k-tiles, and on
 inputs whose mean is large against their spread; the whole forward at the seed in CUDA graphs of 20 calls,
-replays interleaved, three rounds. Run from the repository root with QuACK on the path (ci/gpu/cute.sh):
+replays interleaved, three rounds; beside it, what the main loop's hooks cost without the summing, and
+without the copying either (`fused_pre_norm_geglu_cute.ROW_STATS_WORK`, wrong outputs, timing only). Run from the repository root with QuACK on the path (ci/gpu/cute.sh):
     python3 results/h200/geglu/2026-12-01/eleventh-run/experiments/row_stats_in_main_loop.py OUT"""
 import importlib
 import json
@@ -26,7 +27,7 @@ class NotLaunched:
         return lambda *args, **kwargs: None
 
 
-def forward(x, args, row_stats):
+def forward(x, args, row_stats, work="copy and sum"):
     eps = args[-1]
 
     def gate_up(x, stats, folded, fold, h, approximate, shape_class):
@@ -34,11 +35,11 @@ def forward(x, args, row_stats):
 
     def fn():
         if row_stats:
-            cute.gate_up, geglu._ln_stats_kernel = gate_up, NotLaunched()
+            cute.gate_up, geglu._ln_stats_kernel, cute.ROW_STATS_WORK = gate_up, NotLaunched(), work
         try:
             return geglu.fused_pre_norm_geglu(x, *args)
         finally:
-            cute.gate_up, geglu._ln_stats_kernel = OP_GATE_UP, OP_STATS
+            cute.gate_up, geglu._ln_stats_kernel, cute.ROW_STATS_WORK = OP_GATE_UP, OP_STATS, "copy and sum"
     return fn
 
 
@@ -60,11 +61,14 @@ def errors():
 
 def main(out_dir):
     os.makedirs(out_dir, exist_ok=True)
-    results = {"environment": environment(), "rel_err": errors(), "rounds": []}
+    results = {"environment": environment(), "rel_err": errors() if "--timing-only" not in sys.argv else None,
+               "rounds": []}
     m, d, ff = b.SHAPES["seed"]
     _, x, args = b.inference_problem(m, d, ff)
     fns = {"op": forward(x, args, False), "op (twin)": forward(x, args, False),
-           "row stats in main loop": forward(x, args, True), "row stats in main loop (twin)": forward(x, args, True)}
+           "row stats in main loop": forward(x, args, True), "row stats in main loop (twin)": forward(x, args, True),
+           "row stats: rows copied, not summed (wrong output)": forward(x, args, True, "copy"),
+           "row stats: neither copied nor summed (wrong output)": forward(x, args, True, "none")}
     with torch.no_grad():
         for r in range(3):
             times = side_by_side_us(fns, calls_per_replay=20, repeats=50, on_error=lambda n, e: print("ERR", n, e))
@@ -75,4 +79,4 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1])  # --timing-only: skip the errors
