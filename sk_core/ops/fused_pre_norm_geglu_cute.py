@@ -22,16 +22,13 @@ pre-activations for the backward).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import inspect
 
-import cutlass
 import cutlass.cute as cute
 import quack
 import torch
-from cutlass import Float32
 from quack.activation import gelu_erf, gelu_tanh_approx
 from quack.epilogue.frontend import EpiMod, unpack
 from quack.epilogue.ops import ColVecLoad, RowVecLoad
@@ -130,133 +127,6 @@ class _EpiModWaitingInEpilogue(EpiMod):
 WAIT_IN_EPILOGUE = quack.__version__ == "0.6.5"
 
 
-class ColVecFromMainLoop(ColVecLoad):
-    """A per-row statistic that the GEMM's main loop put into this op's shared memory (`_row_stats_in_main_loop`):
-    no load, only the epilogue's view of it. Its tensor argument is where the GEMM also stores it."""
-
-    @cute.jit
-    def begin(self, gemm, param, smem_tensor, ctx):
-        tDsV = ctx.partition_for_epilogue_fn(cute.make_tensor(
-            smem_tensor.iterator, cute.make_layout((ctx.tile_M, ctx.tile_N), stride=self._broadcast_stride())))
-        tDsV_sub = cute.group_modes(tDsV, 3, cute.rank(tDsV))[None, None, None, 0]
-        return [tDsV, cute.make_rmem_tensor(tDsV_sub.layout, gemm.acc_dtype)]
-
-
-@dataclasses.dataclass(frozen=True)
-class _ReleaseHooks:
-    """A GEMM's operand pipeline that calls `before(stage)` before each consumer release and `after()` after it (a
-    dataclass, as the pipeline is, so that the DSL can carry it through dynamic control flow)."""
-    pipeline: object
-    before: object
-    after: object
-
-    def __getattr__(self, name):
-        return getattr(self.pipeline, name)
-
-    def consumer_release(self, state, *args, **kwargs):
-        self.before(state.index)
-        released = self.pipeline.consumer_release(state, *args, **kwargs)
-        self.after()
-        return released
-
-
-@functools.cache
-def _row_stats_in_main_loop(gemm_cls, work="copy and sum"):
-    """`gemm_cls` computing LayerNorm's row statistics of A (x) itself, from the k-tiles its main loop has in shared
-    memory: while a k-tile's wgmma runs, each of the 256 consumer threads sums half of one of the tile's 128 rows
-    (Σx and Σ(x − c)², c the row's first element in shared memory), two threads a row. After the loop the two
-    halves are added and mean and 1/std written to the `ColVecFromMainLoop` ops' shared memory for the epilogue
-    (and, by the first column of tiles, to their tensors). Launched in stream order, as the op's first kernel.
-    Cooperative 128-row tiles of 64-element k-tiles only."""
-    class GemmWithRowStats(gemm_cls):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.use_pdl = False
-
-        def epi_get_smem_tensors(self, params, storage):
-            tensors = super().epi_get_smem_tensors(params, storage)
-            tile_m, _, tile_k = self.cta_tile_shape_mnk
-            assert not self.pingpong and tile_m == 128 and tile_k * self.a_dtype.width == 128 * 8, \
-                "row statistics in the main loop: cooperative 128-row tiles of 128-byte k-tiles only"
-            # The k-tiles as rows of 128 bytes: the 128-byte swizzle only permutes 16-byte chunks within a row,
-            # which a row's sums do not see.
-            self._x_rows = storage.sA.get_tensor(
-                cute.make_layout((tile_m, tile_k, self.ab_stage), stride=(tile_k, 1, tile_m * tile_k)))
-            self._stats_smem = tensors["mean"], tensors["rstd"]
-            return tensors
-
-        @cute.jit
-        def mma(self, ab_pipeline, ab_read_state, mma_fn, acc, acc_slow, k_tile_cnt, warp_group_idx):
-            tidx = cute.arch.thread_idx()[0]
-            row, half = tidx // 2, tidx % 2
-            half_k = self.cta_tile_shape_mnk[2] // 2
-            sums = cute.make_rmem_tensor((3,), Float32)  # c, Σx, Σ(x − c)² over this thread's half of the row
-            sums.fill(0.0)
-            ab_pipeline.consumer_wait(ab_read_state)  # the first k-tile, for c (the main loop waits for it again)
-            sums[0] = self._x_rows[row, 0, ab_read_state.index].to(Float32)
-            x_half = cute.make_rmem_tensor((half_k,), self._x_rows.element_type)
-
-            def copy_rows(stage):
-                # 16-byte chunks of the row, this thread's half of them, in an order that puts each group of 8
-                # threads (4 rows, as a 128-bit shared load serves them) on 8 different chunks of 32 banks.
-                x_row = self._x_rows[row, None, stage]
-                for j in cutlass.range_constexpr(half_k // 8):
-                    chunk = half * (half_k // 8) + (j + row) % (half_k // 8)
-                    cute.autovec_copy(cute.local_tile(x_row, (8,), (chunk,)), cute.local_tile(x_half, (8,), (j,)))
-
-            def sum_rows():
-                x = x_half.load().to(Float32)
-                centered = x - sums[0]
-                sums[1] = sums[1] + x.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-                sums[2] = sums[2] + (centered * centered).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-
-            # Each k-tile's rows are copied to registers as its stage is released (after its wgmmas are done and
-            # the next k-tile's issued; exactly once), and summed once the stage is free for the next load.
-            def keep_copy():  # the least that keeps the copies: a bf16 sum
-                sums[1] = sums[1] + Float32(x_half.load().reduce(cute.ReductionOp.ADD, x_half.element_type(0.0), 0))
-
-            hooks = {"copy and sum": (copy_rows, sum_rows), "copy": (copy_rows, keep_copy),
-                     "none": (lambda stage: None, lambda: None)}[work]
-            ab_read_state = super().mma(_ReleaseHooks(ab_pipeline, *hooks), ab_read_state, mma_fn, acc,
-                                        acc_slow, k_tile_cnt, warp_group_idx)
-            self._row_sums = sums
-            return ab_read_state
-
-        @cute.jit
-        def epi_visit_acc(self, params, acc, tiled_mma, tile_coord_mnkl, tidx):
-            super().epi_visit_acc(params, acc, tiled_mma, tile_coord_mnkl, tidx)
-            sums = self._row_sums
-            c = sums[0]
-            total = sums[1] + cute.arch.shuffle_sync_bfly(sums[1], offset=1)
-            squares = sums[2] + cute.arch.shuffle_sync_bfly(sums[2], offset=1)
-            d = params.d_model
-            # Over the row's d elements: Σ(x − c) and Σ(x − c)², less what the k-tiles' zero padding added (c² each).
-            centered = total - d * c
-            centered_squares = squares - params.k_padding * c * c
-            mean = total / d
-            rstd = cute.math.rsqrt((centered_squares - centered * centered / d) / d + params.eps)
-            row = tidx // 2
-            row_in_m = tile_coord_mnkl[0] * self.cta_tile_shape_mnk[0] + row
-            (mean_smem, rstd_smem), mean_out, rstd_out = self._stats_smem, params.mean, params.rstd
-            if tidx % 2 == 0:
-                mean_smem[row] = mean
-                rstd_smem[row] = rstd
-                if tile_coord_mnkl[1] == 0 and row_in_m < cute.size(mean_out, mode=[1]):
-                    mean_out[0, row_in_m] = mean
-                    rstd_out[0, row_in_m] = rstd
-    GemmWithRowStats.__qualname__ = GemmWithRowStats.__name__ = f"{gemm_cls.__name__}_WithRowStats"
-    return GemmWithRowStats
-
-
-class _EpiModWithRowStats(EpiMod):
-    """An epilogue whose GEMM kernels compute the row statistics in their main loop (`_row_stats_in_main_loop`)."""
-
-    work = "copy and sum"
-
-    def _mint(self, *key):
-        return _row_stats_in_main_loop(super()._mint(*key), self.work)
-
-
 def _folded_ln_geglu(gelu):
     # The statistics are per row (a column vector over M), the fold's two rows per column; named explicitly so
     # that M == 2·d_ff cannot make QuACK's shape inference ambiguous.
@@ -271,45 +141,9 @@ def _folded_ln_geglu(gelu):
         "colsum": RowVecLoad("colsum"), "shift": RowVecLoad("shift")})
 
 
-def _folded_ln_geglu_with_row_stats(gelu, work="copy and sum"):
-    # As `_folded_ln_geglu`; eps, d_model and k_padding (the zeros that fill x's last k-tile) are read by the
-    # statistics (`_row_stats_in_main_loop`), not by this function.
-    def folded_ln_geglu_with_row_stats(acc, mean, rstd, colsum, shift, eps, d_model, k_padding):
-        gate, up = unpack((acc - colsum * mean) * rstd + shift + (0.0 if work == "copy and sum" else 0.0))
-        return {"h": gelu(gate) * up}
-    epi_mod_cls = type(f"_EpiModWithRowStats_{work.replace(' ', '_')}", (_EpiModWithRowStats,), {"work": work})
-    return epi_mod_cls(folded_ln_geglu_with_row_stats, outputs=("h",), mode="acc_pair", ops={
-        "mean": ColVecFromMainLoop("mean"), "rstd": ColVecFromMainLoop("rstd"),
-        "colsum": RowVecLoad("colsum"), "shift": RowVecLoad("shift")})
-
-
 # Module globals, so that QuACK's compile cache can find them again by import (its `module_locator`).
 FOLDED_LN_GEGLU_ERF = _folded_ln_geglu(gelu_erf)
 FOLDED_LN_GEGLU_TANH = _folded_ln_geglu(gelu_tanh_approx)
-FOLDED_LN_GEGLU_ERF_ROW_STATS = _folded_ln_geglu_with_row_stats(gelu_erf)
-FOLDED_LN_GEGLU_TANH_ROW_STATS = _folded_ln_geglu_with_row_stats(gelu_tanh_approx)
-FOLDED_LN_GEGLU_ERF_ROW_STATS_COPY = _folded_ln_geglu_with_row_stats(gelu_erf, "copy")
-FOLDED_LN_GEGLU_ERF_ROW_STATS_NONE = _folded_ln_geglu_with_row_stats(gelu_erf, "none")
-
-
-ROW_STATS_WORK = "copy and sum"  # experiment switch
-
-
-def gate_up_with_row_stats(x: torch.Tensor, stats: torch.Tensor, folded: torch.Tensor, fold: torch.Tensor,
-                           h: torch.Tensor, eps: float, approximate: str, shape_class: str) -> None:
-    """As `gate_up`, computing the statistics itself (into stats) instead of reading them."""
-    epilogue = FOLDED_LN_GEGLU_TANH_ROW_STATS if approximate == "tanh" else FOLDED_LN_GEGLU_ERF_ROW_STATS
-    epilogue = {"copy": FOLDED_LN_GEGLU_ERF_ROW_STATS_COPY, "none": FOLDED_LN_GEGLU_ERF_ROW_STATS_NONE}.get(
-        ROW_STATS_WORK, epilogue)
-    d = x.shape[1]
-    tile_k = 128 // x.element_size()  # k-tiles of 128 bytes (QuACK's default for 16-bit operands)
-    # QuACK takes its vectors on 16-byte boundaries (see `gate_up`): else 1/std goes through a copy.
-    rstd = stats[1:2] if stats.shape[1] % 4 == 0 else torch.empty_like(stats[1:2])
-    epilogue(x, folded.T, out={"h": h}, store_d=False, config=GATE_UP_CONFIGS[shape_class], tuned=False,
-             mean=stats[0:1], rstd=rstd, colsum=fold[0:1], shift=fold[1:2], eps=float(eps),
-             d_model=float(d), k_padding=float(-d % tile_k))
-    if rstd.data_ptr() != stats[1:2].data_ptr():
-        stats[1:2].copy_(rstd)
 
 
 def gate_up(x: torch.Tensor, stats: torch.Tensor, folded: torch.Tensor, fold: torch.Tensor, h: torch.Tensor,

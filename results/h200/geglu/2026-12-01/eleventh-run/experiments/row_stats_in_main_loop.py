@@ -1,11 +1,20 @@
 """Experiment (2026-12-01, H200): the gate/up GEMM computing the LayerNorm statistics in its own main loop
-(`fused_pre_norm_geglu_cute.gate_up_with_row_stats`: the consumer threads sum the rows of each x k-tile in shared
-memory while its wgmma runs), so that no statistics kernel runs, against the op (statistics kernel, gate/up
-waiting for it in its epilogue). Error against fp64 at the seed, at shapes with partial row and k-tiles, and on
-inputs whose mean is large against their spread; the whole forward at the seed in CUDA graphs of 20 calls,
-replays interleaved, three rounds; beside it, what the main loop's hooks cost without the summing, and
-without the copying either (`fused_pre_norm_geglu_cute.ROW_STATS_WORK`, wrong outputs, timing only). Run from the repository root with QuACK on the path (ci/gpu/cute.sh):
-    python3 results/h200/geglu/2026-12-01/eleventh-run/experiments/row_stats_in_main_loop.py OUT"""
+(`fused_pre_norm_geglu_cute.gate_up_with_row_stats`: the 256 consumer threads sum the rows of each x k-tile in
+shared memory, two threads a row, and write mean and 1/std to the epilogue's shared memory), so that no
+statistics kernel runs, against the op (statistics kernel, gate/up waiting for it in its epilogue). Error against
+fp64 at the seed, at shapes with partial row and k-tiles, and on inputs whose mean is large against their spread;
+the whole forward at the seed in CUDA graphs of 20 calls, replays interleaved, three rounds; at the last commit
+beside it, what the main loop's hooks cost without the summing, and without the copying either
+(`fused_pre_norm_geglu_cute.ROW_STATS_WORK`, wrong outputs, timing only). The code it ran against was taken out
+again; it ran at four commits, each result file named by its variant:
+    f227109 row sums in a wrapper of each k-tile's wgmma issue (ptxas put them between the 4 wgmmas)
+            -> row_stats_between_wgmmas.json
+    cee81c7 row sums as each k-tile's stage is released (after its wgmmas) -> row_stats_after_wgmma.json
+    67f310b rows copied before the release and summed after it, 16-byte chunks in a bank-conflict-free order
+            -> row_stats_conflict_free.json
+    7a9f0fa the same, with the diagnostic variants (--timing-only) -> row_stats_diagnostic.json
+Run from the repository root at one of those commits with QuACK on the path (ci/gpu/cute.sh):
+    python3 results/h200/geglu/2026-12-01/eleventh-run/experiments/row_stats_in_main_loop.py OUT [--timing-only]"""
 import importlib
 import json
 import os

@@ -3,8 +3,9 @@ reads the statistics, instead of before its first load (`fused_pre_norm_geglu_cu
 loop on x and the folded weights then runs beside the statistics kernel. With the statistics kernel's grid as
 the op's (one program per two rows) or a few programs that walk the rows (`fused_pre_norm_geglu.stats_launch`:
 programs, rows at a time, warps), which leave the SMs the gate/up tiles need free sooner. The whole forward in
-CUDA graphs of 20 calls, replays interleaved, three rounds; the statistics kernel alone at each launch. Run from
-the repository root with QuACK on the path (ci/gpu/cute.sh):
+CUDA graphs of 20 calls, replays interleaved, three rounds; the statistics kernel alone at each launch. Ran at
+commit 9053599 (the switch and the row walk were taken out after). Run from the repository root there, with QuACK
+on the path (ci/gpu/cute.sh):
     python3 results/h200/geglu/2026-12-01/eleventh-run/experiments/stats_overlap.py OUT [seed prefill ...]"""
 import importlib
 import json
