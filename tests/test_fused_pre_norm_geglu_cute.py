@@ -3,6 +3,9 @@ SM90 GPU with QuACK installed (ci/gpu/cute.sh), inference on folded weights in t
 classes must run them, match fp64 math at odd shapes, dtypes, both GELUs and without biases, and replay from a
 CUDA graph; everywhere else the Triton GEMMs run."""
 import importlib
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -145,15 +148,12 @@ def test_gpu_gate_up_waits_for_the_statistics_kernel_in_its_epilogue_only(tmp_pa
     """The gate/up GEMM's PTX, compiled afresh: no `griddepcontrol.wait` in the producer warps (which come
     first), one after the first wgmma and before h's first store, where the epilogue reads the statistics;
     QuACK's own wait before the first load where the version is not the one this was written against."""
-    import os
-    import subprocess
-    import sys
     env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path), QUACK_CACHE_ENABLED="0")
     subprocess.run([sys.executable, "-c", _GATE_UP_PTX], env=env, check=True, timeout=600)
     (ptx_file,) = tmp_path.glob("*folded_ln_geglu*.ptx")
-    ptx = ptx_file.read_text()
-    waits = [i for i, line in enumerate(ptx.splitlines()) if "griddepcontrol.wait" in line]
-    first = {name: next(i for i, line in enumerate(ptx.splitlines()) if pattern in line) for name, pattern in [
+    ptx = ptx_file.read_text().splitlines()
+    waits = [i for i, line in enumerate(ptx) if "griddepcontrol.wait" in line]
+    first = {name: next(i for i, line in enumerate(ptx) if pattern in line) for name, pattern in [
         ("consumers", "setmaxnreg.inc"), ("wgmma", "wgmma.mma_async"), ("h store", "cp.async.bulk.tensor.2d.global")]}
     if CUTE.WAIT_IN_EPILOGUE:
         assert waits and min(waits) > first["wgmma"] > first["consumers"], (waits, first)
