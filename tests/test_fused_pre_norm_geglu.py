@@ -588,6 +588,43 @@ def test_gpu_dependent_launch_gives_the_stream_order_bits(m, d, ff, training, mo
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,d,ff,training", [(1024, 768, 1448, False), (32, 2048, 16384, False),
+                                             (1000, 768, 1448, True)])
+def test_gpu_chained_calls_read_the_previous_calls_output(m, d, ff, training, monkeypatch):
+    """The statistics kernel launches dependently on the kernel before it, which in a stack of blocks is the
+    previous block's down GEMM writing this block's x: it must wait for that kernel before reading x, and let
+    gate/up (whose main loop reads x) launch only after that. Calls chained through their outputs in one graph
+    must give the bits of calls launched in stream order. The cases: the seed (QuACK's GEMMs where they run),
+    decode, training."""
+    params = make_params(d, ff, device="cuda", dtype=torch.float32 if training else torch.bfloat16)
+    x0 = make_x(m, d, torch.bfloat16, "cuda")
+
+    def chain():
+        x, outs = x0, []
+        with torch.no_grad() if not training else torch.enable_grad():
+            for _ in range(8):
+                x = sk.ops.fused_pre_norm_geglu(x.detach().requires_grad_(training), *params, EPS).detach()
+                outs.append(x)
+        return outs
+
+    monkeypatch.setattr(importlib.import_module("sk.ops._step_graphs"), "ENABLED", False)  # every call launches
+    monkeypatch.setattr(geglu, "PDL", False)
+    want = chain()
+    assert all(out.isfinite().all() for out in want)
+    monkeypatch.setattr(geglu, "PDL", True)
+    chain()  # compiles the PDL variants before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = chain()
+    for _ in range(3):
+        for out in got:
+            out.fill_(float("nan"))
+        graph.replay()
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), f"call {i}"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m,d,ff", [(1000, 768, 1448), (4097, 2048, 16384), (8192, 2048, 16384)])
 def test_gpu_tables_gate_up_gives_the_masked_one_program_per_tile_bits(m, d, ff):
     """The seed class stores h by TMA, the prefill class runs gate/up on a persistent grid (a program walks

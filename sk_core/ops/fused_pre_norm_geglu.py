@@ -105,8 +105,10 @@ def _ln_stats_kernel(
     D_ALIGN: tl.constexpr, HAS_LN_BIAS: tl.constexpr, STORE_XN: tl.constexpr, ARRIVALS_BLOCK: tl.constexpr,
     PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    # PDL: the gate/up kernel may launch now (programmatic dependent launch; see `PDL`).
+    # PDL: launched while the kernel before it finishes (which may be writing x), this waits for it before
+    # touching memory, then lets the gate/up kernel launch (programmatic dependent launch; see `PDL`).
     if PDL:
+        gdc_wait()
         gdc_launch_dependents()
     # stats is [2, n_rows] fp32: mean, then 1/std. A whole row sits in registers: two exact passes.
     # ARRIVALS_BLOCK > 0: the split-K down projection's per-tile arrival counters, zeroed here by the first
@@ -637,8 +639,11 @@ CHECK_DESCRIPTORS = coverage.TRITON_INTERPRET  # see _descriptor
 # Programmatic dependent launch (Hopper), where the gate/up config's `dependent_launch` asks for it: the gate/up
 # and down kernels are launched while the kernel before them still runs, so that their launch and set-up (and,
 # with the fold, gate/up's whole GEMM) overlap it; each waits (gdc_wait) before touching what that kernel
-# writes. The statistics kernel starts in stream order, after everything before the op (so nothing of the op
-# overlaps the caller's kernels). Not in the interpreter (no inline PTX); SK_GEGLU_PDL=0 turns it off.
+# writes. The statistics kernel launches dependently on whatever kernel runs before the op, but waits for it
+# to finish before touching memory and only then lets gate/up launch, so nothing of the op's memory traffic
+# overlaps the caller's kernels: what it gains is its own launch, hidden behind the end of the kernel before
+# (where that kernel lets dependents launch early, as the op's own down GEMM does). Not in the interpreter (no
+# inline PTX); SK_GEGLU_PDL=0 turns it off.
 PDL = os.environ.get("SK_GEGLU_PDL", "1") == "1" and not coverage.TRITON_INTERPRET
 # QuACK's CuTe-DSL GEMMs (`fused_pre_norm_geglu_cute`) run inference on folded weights in the shape classes they
 # have configs for, where they can run (see `_cute_gemms_on`); SK_GEGLU_CUTE=0 keeps the Triton GEMMs there too.
@@ -703,7 +708,9 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     # QuACK's GEMMs launch dependently and wait for the kernel before them (gate/up in its epilogue, see
     # `fused_pre_norm_geglu_cute`), so the statistics kernel may let gate/up launch at its start there too: its
     # launch, set-up and main loop overlap the statistics (seed 22.2 µs against 22.5 with gate/up waiting before
-    # its first load, results/h200/geglu/2026-12-01/tenth-run/experiments/stats_pdl.json).
+    # its first load, results/h200/geglu/2026-12-01/tenth-run/experiments/stats_pdl.json). Its own dependent
+    # launch (see `PDL`): seed 20.15 µs against 20.52 in stream order, decode 58.8 against 58.9, prefill within
+    # its spread (twelfth-run/experiments/stats_dependent_launch.json).
     stats_pdl = PDL and (cute_gemms is not None or pdl)
     d_align, ff_align = _align(d), _align(ff)
     approx_tanh = approximate == "tanh"
@@ -722,7 +729,7 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
         D_ALIGN=d_align, HAS_LN_BIAS=ln_b is not None, STORE_XN=save_for_backward,
         ARRIVALS_BLOCK=max(16, _next_power_of_2(tiles)) if down.split_k > 1 else 0, PDL=stats_pdl,
         BLOCK_M=rows_per_program, BLOCK_D=block_d,
-        num_warps=min(16, max(1, rows_per_program * block_d // 512)),
+        num_warps=min(16, max(1, rows_per_program * block_d // 512)), launch_pdl=stats_pdl,
     )
 
     h = torch.empty((m, ff), dtype=dtype, device=dev)
