@@ -70,9 +70,9 @@ class ColVecLoadAfterPrimary(ColVecLoad):
     the tile loop)."""
 
     def config_key(self):
-        # QuACK's compile cache (on disk too) knows an op by its type, name and this key: the source of what our
-        # ops and `_main_loop_before_wait` put into the kernel, so that an edit of any compiles afresh.
-        return (*super().config_key(), _source_digest())
+        # QuACK's compile cache (on disk too) knows an op by its type, name and this key: the source of what this
+        # op and `_main_loop_before_wait` put into the kernel, so that an edit of either compiles afresh.
+        return (*super().config_key(), _waiting_source_digest())
 
     @cute.jit
     def begin(self, gemm, param, smem_tensor, ctx):
@@ -106,24 +106,9 @@ def _main_loop_before_wait(gemm_cls):
     return GemmWaitingInEpilogue
 
 
-class RowVecLoadLaunchingDependents(RowVecLoad):
-    """A per-column vector (the down projection's bias) whose GEMM lets the next kernel launch as soon as it
-    starts (`griddepcontrol.launch_dependents` where QuACK takes the epilogue's shared memory, before the tile
-    loop; QuACK otherwise issues it after the loop). The next call's statistics kernel, which waits for this
-    GEMM before touching memory, is then already resident on the SMs this GEMM leaves free when it ends."""
-
-    def config_key(self):
-        return (*super().config_key(), _source_digest())
-
-    def get_smem_tensor(self, gemm, params, storage_epi):
-        cute.arch.griddepcontrol_launch_dependents()
-        return super().get_smem_tensor(gemm, params, storage_epi)
-
-
 @functools.cache
-def _source_digest() -> str:
-    sources = "".join(inspect.getsource(f) for f in (ColVecLoadAfterPrimary, _main_loop_before_wait,
-                                                      RowVecLoadLaunchingDependents))
+def _waiting_source_digest() -> str:
+    sources = inspect.getsource(ColVecLoadAfterPrimary) + inspect.getsource(_main_loop_before_wait)
     return hashlib.sha256(sources.encode()).hexdigest()[:16]
 
 
@@ -156,14 +141,9 @@ def _folded_ln_geglu(gelu):
         "colsum": RowVecLoad("colsum"), "shift": RowVecLoad("shift")})
 
 
-def _residual_bias(acc, c, bias):
-    return {"D": acc + c + bias}
-
-
 # Module globals, so that QuACK's compile cache can find them again by import (its `module_locator`).
 FOLDED_LN_GEGLU_ERF = _folded_ln_geglu(gelu_erf)
 FOLDED_LN_GEGLU_TANH = _folded_ln_geglu(gelu_tanh_approx)
-RESIDUAL_BIAS_LAUNCHING_DEPENDENTS = EpiMod(_residual_bias, ops={"bias": RowVecLoadLaunchingDependents("bias")})
 
 
 def gate_up(x: torch.Tensor, stats: torch.Tensor, folded: torch.Tensor, fold: torch.Tensor, h: torch.Tensor,
@@ -183,9 +163,5 @@ def down(h: torch.Tensor, down_weight: torch.Tensor, down_bias: torch.Tensor | N
     """y ← x + h @ down_weightᵀ + down_bias (contiguous, on a 16-byte boundary)."""
     if down_bias is not None and down_bias.dtype == torch.float64:  # QuACK's vectors are 16- or 32-bit floats
         down_bias = down_bias.float()
-    if down_bias is not None:
-        RESIDUAL_BIAS_LAUNCHING_DEPENDENTS(h, down_weight.T, C=x, out={"D": y}, config=DOWN_CONFIGS[shape_class],
-                                           tuned=False, bias=down_bias[None])
-        return
     # gemm_tuned's undecorated function: the GEMM at an explicit config, without the autotuner around it.
     gemm_tuned.fn(h, down_weight.T, y, C=x, bias=down_bias, config=DOWN_CONFIGS[shape_class])
