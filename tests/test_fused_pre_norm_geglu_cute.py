@@ -82,6 +82,19 @@ def test_gpu_tables_cover_the_same_classes():
 
 @pytest.mark.gpu
 @needs_cute
+@pytest.mark.parametrize("m,d,one_wave", [(1024, 768, True), (1000, 768, True), (65, 200, True),
+                                          (4097, 768, False), (1024, 4096, False)])
+def test_gpu_small_down_takes_clusters_of_four_only_where_they_all_fit_at_once(m, d, one_wave):
+    """At the seed (24 clusters of 1 × 4 CTAs; 30 fit on the H200) the down GEMM runs `DOWN_IN_ONE_WAVE`; with
+    more clusters than fit (99, 128), some CTAs would run a second round of tiles, so the table's config runs.
+    test_gpu_cute_gemms_match_fp64 checks both configs' results."""
+    config = CUTE._down_config(m, d, "small", torch.device("cuda"))
+    assert config is (CUTE.DOWN_IN_ONE_WAVE if one_wave else CUTE.DOWN_CONFIGS["small"])
+    assert CUTE._down_config(8192, 2048, "large", torch.device("cuda")) is CUTE.DOWN_CONFIGS["large"]
+
+
+@pytest.mark.gpu
+@needs_cute
 @pytest.mark.parametrize("switch", ["CUTE", "FOLD_LN"])
 def test_gpu_switches_keep_the_triton_gemms(switch, cute_calls, monkeypatch):
     """SK_GEGLU_CUTE=0, and inference without the fold (SK_GEGLU_FOLD_LN=0, inference-mode weights, traced

@@ -12,9 +12,11 @@ tile's epilogue runs beside the other's main loop) and tiles of any multiple of 
 takes the epilogue as a Python function over the accumulator, so the gate/up product keeps ours: statistics,
 shift, GELU and the gate·up product applied in registers, only h stored; its main loop runs while the statistics
 kernel finishes, and only its epilogue waits for that kernel (`ColVecLoadAfterPrimary`). The down projection is
-QuACK's GEMM with residual and bias in its epilogue. On the H200 the forward runs 5 % faster at the prefill shape
-and 10 % at the seed shape than with our Triton GEMMs, the two measured side by side (results/h200/geglu/NOTES.md,
-"ninth run"); the epilogue-only wait takes the seed from 22.3 to 21.5 µs ("eleventh run").
+QuACK's GEMM with residual and bias in its epilogue, at small shapes in clusters of four CTAs sharing h's tiles
+where those clusters fit on the GPU at once (`DOWN_IN_ONE_WAVE`). On the H200 the forward runs 5 % faster at the
+prefill shape and 10 % at the seed shape than with our Triton GEMMs, the two measured side by side
+(results/h200/geglu/NOTES.md, "ninth run"); the epilogue-only wait takes the seed from 22.3 to 21.5 µs ("eleventh
+run"), the down GEMM's clusters of four to 20.5 ("twelfth run").
 
 Imported only where it can run (a CUDA device of compute capability 9.0 with QuACK installed); the op falls
 back to its Triton GEMMs otherwise, and for decode (its split-K down kernel) and training (which stores the
@@ -30,16 +32,19 @@ import cutlass.cute as cute
 import quack
 import torch
 from quack.activation import gelu_erf, gelu_tanh_approx
+from quack.cute_dsl_utils import get_max_active_clusters
 from quack.epilogue.frontend import EpiMod, unpack
 from quack.epilogue.ops import ColVecLoad, RowVecLoad
 from quack.gemm_config import GemmConfig
 from quack.gemm_interface import gemm_tuned
 
 
-def _config(tile_m: int, tile_n: int, *, pingpong: bool, swizzle: int = 8) -> GemmConfig:
-    # Clusters of two CTAs along M share each weight tile by multicast; a static persistent schedule (QuACK's
-    # SM90 default) walking the tiles in swizzled groups (`swizzle` tiles wide, for L2 reuse).
-    return GemmConfig(tile_m=tile_m, tile_n=tile_n, pingpong=pingpong, cluster_m=2, cluster_n=1,
+def _config(tile_m: int, tile_n: int, *, pingpong: bool, swizzle: int = 8, cluster: tuple[int, int] = (2, 1)
+            ) -> GemmConfig:
+    # Clusters of CTAs sharing operand tiles by multicast (by default two along M sharing each weight tile); a
+    # static persistent schedule (QuACK's SM90 default) walking the tiles in swizzled groups (`swizzle` tiles
+    # wide, for L2 reuse).
+    return GemmConfig(tile_m=tile_m, tile_n=tile_n, pingpong=pingpong, cluster_m=cluster[0], cluster_n=cluster[1],
                       is_dynamic_persistent=False, max_swizzle_size=swizzle, device_capacity=9)
 
 
@@ -61,6 +66,12 @@ def _config(tile_m: int, tile_n: int, *, pingpong: bool, swizzle: int = 8) -> Ge
 GATE_UP_CONFIGS = {"small": _config(128, 192, pingpong=False),
                    "large": _config(128, 192, pingpong=True, swizzle=16)}
 DOWN_CONFIGS = {"small": _config(64, 96, pingpong=False), "large": _config(128, 256, pingpong=False)}
+# small, where its clusters fit on the GPU at once (`down`): down in 128 × 64 tiles, clusters of 1 × 4 CTAs sharing
+# each h tile by multicast, a third fewer bytes per CTA from L2 than the table's. Seed 20.5 µs against 21.25
+# (twelfth-run/experiments/down_1x4.json; 64 × 112 in 4 × 1 clusters 20.9, 128 × 64 in 2 × 2 21.1). Where they do
+# not fit, a second round of tiles costs more than that: the tenth run's 2 × 2 clusters of the table's tiles (32
+# of them, 30 fit on the H200) ran 26.0 µs.
+DOWN_IN_ONE_WAVE = _config(128, 64, pingpong=False, cluster=(1, 4))
 
 
 class ColVecLoadAfterPrimary(ColVecLoad):
@@ -158,10 +169,25 @@ def gate_up(x: torch.Tensor, stats: torch.Tensor, folded: torch.Tensor, fold: to
              mean=stats[0:1], rstd=rstd, colsum=fold[0:1], shift=fold[1:2])
 
 
+@functools.cache
+def _max_active_clusters(cluster_size: int, device_index: int) -> int:
+    return get_max_active_clusters(cluster_size, device_capacity=(9, 0), device_id=device_index)
+
+
+def _down_config(m: int, d: int, shape_class: str, device: torch.device) -> GemmConfig:
+    """The class's config, or in the small class `DOWN_IN_ONE_WAVE` where all its clusters are resident at once."""
+    if shape_class == "small":
+        c = DOWN_IN_ONE_WAVE
+        clusters = -(-m // (c.tile_m * c.cluster_m)) * -(-d // (c.tile_n * c.cluster_n))
+        if clusters <= _max_active_clusters(c.cluster_m * c.cluster_n, device.index):
+            return c
+    return DOWN_CONFIGS[shape_class]
+
+
 def down(h: torch.Tensor, down_weight: torch.Tensor, down_bias: torch.Tensor | None, x: torch.Tensor,
          y: torch.Tensor, shape_class: str) -> None:
     """y ← x + h @ down_weightᵀ + down_bias (contiguous, on a 16-byte boundary)."""
     if down_bias is not None and down_bias.dtype == torch.float64:  # QuACK's vectors are 16- or 32-bit floats
         down_bias = down_bias.float()
     # gemm_tuned's undecorated function: the GEMM at an explicit config, without the autotuner around it.
-    gemm_tuned.fn(h, down_weight.T, y, C=x, bias=down_bias, config=DOWN_CONFIGS[shape_class])
+    gemm_tuned.fn(h, down_weight.T, y, C=x, bias=down_bias, config=_down_config(*y.shape, shape_class, y.device))
