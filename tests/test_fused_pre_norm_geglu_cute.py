@@ -88,9 +88,10 @@ def test_gpu_small_down_takes_clusters_of_four_only_where_they_all_fit_at_once(m
     """At the seed (24 clusters of 1 × 4 CTAs; 30 fit on the H200) the down GEMM runs `DOWN_IN_ONE_WAVE`; with
     more clusters than fit (99, 128), some CTAs would run a second round of tiles, so the table's config runs.
     test_gpu_cute_gemms_match_fp64 checks both configs' results."""
-    config = CUTE._down_config(m, d, "small", torch.device("cuda"))
+    device = torch.device("cuda", torch.cuda.current_device())  # as a tensor's device names it: with its index
+    config = CUTE._down_config(m, d, "small", device)
     assert config is (CUTE.DOWN_IN_ONE_WAVE if one_wave else CUTE.DOWN_CONFIGS["small"])
-    assert CUTE._down_config(8192, 2048, "large", torch.device("cuda")) is CUTE.DOWN_CONFIGS["large"]
+    assert CUTE._down_config(8192, 2048, "large", device) is CUTE.DOWN_CONFIGS["large"]
 
 
 @pytest.mark.gpu
