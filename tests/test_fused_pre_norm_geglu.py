@@ -553,6 +553,27 @@ def test_gpu_split_k_is_deterministic_across_calls_and_graph_replays():
     assert rel_err(first, fp64_block(x, *params)) < TOL[torch.bfloat16]
 
 
+def pdl_graph_gives_stream_order_bits(calls, monkeypatch):
+    """`calls()` (a list of outputs) launched in plain stream order, against the same calls launched dependently
+    (`PDL`) in one CUDA graph, replayed three times onto poisoned outputs: the bits must be equal. Returns the
+    stream-order outputs."""
+    monkeypatch.setattr(importlib.import_module("sk.ops._step_graphs"), "ENABLED", False)  # every call launches
+    monkeypatch.setattr(geglu, "PDL", False)
+    want = calls()
+    monkeypatch.setattr(geglu, "PDL", True)
+    calls()  # compiles the PDL variants before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = calls()
+    for _ in range(3):
+        for out in got:
+            out.fill_(float("nan"))
+        graph.replay()
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), f"call {i}"
+    return want
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,d,ff,training", [(1, 768, 1448, False), (1, 768, 1448, True), (32, 2048, 16384, False),
                                              (32, 2048, 16384, True), (1000, 768, 1448, True)])
@@ -570,20 +591,7 @@ def test_gpu_dependent_launch_gives_the_stream_order_bits(m, d, ff, training, mo
         with torch.no_grad() if not training else torch.enable_grad():
             return [sk.ops.fused_pre_norm_geglu(x.requires_grad_(training), *params, EPS).detach() for x in xs * 5]
 
-    monkeypatch.setattr(importlib.import_module("sk.ops._step_graphs"), "ENABLED", False)  # every call launches
-    monkeypatch.setattr(geglu, "PDL", False)
-    want = calls()
-    monkeypatch.setattr(geglu, "PDL", True)
-    calls()  # compiles the PDL variants before capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got = calls()
-    for _ in range(3):
-        for out in got:
-            out.fill_(float("nan"))
-        graph.replay()
-        for i, (a, b) in enumerate(zip(got, want)):
-            assert torch.equal(a, b), f"call {i}"
+    want = pdl_graph_gives_stream_order_bits(calls, monkeypatch)
     assert all(torch.equal(a, b) for a, b in zip(calls(), want))  # and launched eagerly
 
 
@@ -607,21 +615,8 @@ def test_gpu_chained_calls_read_the_previous_calls_output(m, d, ff, training, mo
                 outs.append(x)
         return outs
 
-    monkeypatch.setattr(importlib.import_module("sk.ops._step_graphs"), "ENABLED", False)  # every call launches
-    monkeypatch.setattr(geglu, "PDL", False)
-    want = chain()
+    want = pdl_graph_gives_stream_order_bits(chain, monkeypatch)
     assert all(out.isfinite().all() for out in want)
-    monkeypatch.setattr(geglu, "PDL", True)
-    chain()  # compiles the PDL variants before capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got = chain()
-    for _ in range(3):
-        for out in got:
-            out.fill_(float("nan"))
-        graph.replay()
-        for i, (a, b) in enumerate(zip(got, want)):
-            assert torch.equal(a, b), f"call {i}"
 
 
 @pytest.mark.gpu
