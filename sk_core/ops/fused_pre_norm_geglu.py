@@ -216,8 +216,9 @@ def _gate_up_tile(
     # Otherwise (training) the prologue normalizes each x tile and two products share it.
     # SWAP_AB (folded only; decode): the product runs transposed, W·xᵀ, so that the weight tile's rows fill
     # wgmma's 64-row side and the few token rows its narrow side (a tile of < 64 rows otherwise runs mma.sync).
-    # PDL: x and the weights are older than the statistics kernel, the statistics are read after gdc_wait
-    # (with the fold, only in the epilogue: the whole GEMM overlaps that kernel; without, the caller waited).
+    # PDL: this kernel launches only once the statistics kernel has waited for the kernels before the op, so x
+    # and the weights are complete; the statistics are read after gdc_wait (with the fold, only in the epilogue:
+    # the whole GEMM overlaps that kernel; without, the caller waited).
     # TMA_STORE: h leaves through a descriptor (which clips at the edges) instead of masked stores.
     ff_stride = ff // FF_ALIGN * FF_ALIGN  # == ff, written so the compiler knows its alignment (wide stores)
     pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
@@ -642,8 +643,9 @@ CHECK_DESCRIPTORS = coverage.TRITON_INTERPRET  # see _descriptor
 # writes. The statistics kernel launches dependently on whatever kernel runs before the op, but waits for it
 # to finish before touching memory and only then lets gate/up launch, so nothing of the op's memory traffic
 # overlaps the caller's kernels: what it gains is its own launch, hidden behind the end of the kernel before
-# (where that kernel lets dependents launch early, as the op's own down GEMM does). Not in the interpreter (no
-# inline PTX); SK_GEGLU_PDL=0 turns it off.
+# (where that kernel lets dependents launch early, as QuACK's down GEMM does after its tile loop). Gate/up then
+# reads x through L2, where the finished kernel's writes are (the PTX model promises them only to the grid that
+# waited). Not in the interpreter (no inline PTX); SK_GEGLU_PDL=0 turns it off.
 PDL = os.environ.get("SK_GEGLU_PDL", "1") == "1" and not coverage.TRITON_INTERPRET
 # QuACK's CuTe-DSL GEMMs (`fused_pre_norm_geglu_cute`) run inference on folded weights in the shape classes they
 # have configs for, where they can run (see `_cute_gemms_on`); SK_GEGLU_CUTE=0 keeps the Triton GEMMs there too.

@@ -95,8 +95,9 @@ class ColVecLoadAfterPrimary(ColVecLoad):
 @functools.cache
 def _main_loop_before_wait(gemm_cls):
     """`gemm_cls` launched dependently but with no wait before its first load: its main loop on x and the
-    folded weights (older than the statistics kernel) runs while the statistics kernel finishes, and only the
-    epilogue's statistics load (`ColVecLoadAfterPrimary`) waits for it.
+    folded weights (complete once the statistics kernel lets this one launch: that kernel first waits for the
+    kernels before the op) runs while the statistics kernel finishes, and only the epilogue's statistics load
+    (`ColVecLoadAfterPrimary`) waits for it.
     QuACK 0.6.5's SM90 GEMM reads its `use_pdl` on the host for the launch attribute, then, while `launch`
     traces the kernel body, for the producer's wait before its first load and the consumer's
     launch_dependents: the flag stays set for the first and is cleared for the trace."""
