@@ -38,6 +38,8 @@ from quack.epilogue.ops import ColVecLoad, RowVecLoad
 from quack.gemm_config import GemmConfig
 from quack.gemm_interface import gemm_tuned
 
+from sk.ops.fused_pre_norm_geglu import _cdiv
+
 
 def _config(tile_m: int, tile_n: int, *, pingpong: bool, swizzle: int = 8, cluster: tuple[int, int] = (2, 1)
             ) -> GemmConfig:
@@ -179,7 +181,7 @@ def _down_config(m: int, d: int, shape_class: str, device: torch.device) -> Gemm
     """The class's config, or in the small class `DOWN_IN_ONE_WAVE` where all its clusters are resident at once."""
     if shape_class == "small":
         c = DOWN_IN_ONE_WAVE
-        clusters = -(-m // (c.tile_m * c.cluster_m)) * -(-d // (c.tile_n * c.cluster_n))
+        clusters = _cdiv(m, c.tile_m * c.cluster_m) * _cdiv(d, c.tile_n * c.cluster_n)
         if clusters <= _max_active_clusters(c.cluster_m * c.cluster_n, device.index):
             return c
     return DOWN_CONFIGS[shape_class]
