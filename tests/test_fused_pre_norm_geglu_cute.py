@@ -29,7 +29,8 @@ def cute_calls(monkeypatch):
     calls = []
     for name in ("gate_up", "down"):
         launch = getattr(CUTE, name)
-        monkeypatch.setattr(CUTE, name, lambda *a, launch=launch, name=name: (calls.append(name), launch(*a))[1])
+        monkeypatch.setattr(CUTE, name,
+                            lambda *a, launch=launch, name=name, **k: (calls.append(name), launch(*a, **k))[1])
     return calls
 
 
@@ -92,6 +93,74 @@ def test_gpu_small_down_takes_clusters_of_four_only_where_they_all_fit_at_once(m
     config = CUTE._down_config(m, d, "small", device)
     assert config is (CUTE.DOWN_IN_ONE_WAVE if one_wave else CUTE.DOWN_CONFIGS["small"])
     assert CUTE._down_config(8192, 2048, "large", device) is CUTE.DOWN_CONFIGS["large"]
+
+
+@pytest.fixture
+def stats_kernel_launches(monkeypatch):
+    """How many times the statistics kernel was launched."""
+    launches, kernel = [], geglu._ln_stats_kernel
+
+    class Counted:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+    monkeypatch.setattr(geglu, "_ln_stats_kernel", Counted())
+    return launches
+
+
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("m,d,ff,in_gate_up", [
+    (1024, 768, 1448, True),     # the seed: 128 CTAs in one wave, 3 rows per statistics warp
+    (332, 1000, 3000, True),
+    (68, 200, 520, True),
+    (65, 200, 520, False),       # M not a multiple of 4: 1/std's row would not start on 16 bytes
+    (2048, 768, 1448, False),    # 64 clusters of two CTAs: more than fit at once (66 on the H200)
+    (4097, 768, 1448, False),
+    (8192, 2048, 16384, False),  # the large class
+])
+def test_gpu_gate_up_computes_the_statistics_where_its_tiles_fit_in_one_wave(m, d, ff, in_gate_up,
+                                                                             stats_kernel_launches):
+    """Where gate/up's CTAs all fit at once, its idle warps compute the statistics and the statistics kernel does
+    not run; the statistics match fp64's, and the counters are zero again after the call (so that the next one
+    counts from zero), whatever the grid."""
+    params = make_params(d, ff, device="cuda", dtype=torch.bfloat16, seed=m)
+    x = make_x(m, d, torch.bfloat16, "cuda", seed=m) + 3.0  # a mean away from 0: the shifted sums' case
+    assert CUTE.computes_row_stats(m, d, ff, geglu.shape_class(m, d, ff), x.device) == in_gate_up
+    folded, fold = geglu._fold(*params[:6], torch.bfloat16)
+    poison_allocator((4, m))  # the size of the fp32 statistics
+    with torch.no_grad():
+        y, stats, _, _ = geglu._forward_kernels(x, *params[:2], folded, params[3], None, *params[5:], EPS, "none",
+                                                False, fold=fold)
+    torch.cuda.synchronize()
+    assert len(stats_kernel_launches) == (0 if in_gate_up else 1)
+    x64 = x.double()
+    mean, var = x64.mean(dim=1), x64.var(dim=1, unbiased=False)
+    # fp32 sums of bf16 inputs over d ≤ 2048 elements: relative errors ~1e-6; 1e-5 leaves room for the order.
+    assert rel_err(stats[0], mean) < 1e-5 and rel_err(stats[1], (var + EPS).rsqrt()) < 1e-5
+    assert rel_err(y, fp64_block(x, *params)) < TOL[torch.bfloat16]
+    assert CUTE.row_stats_counters(x.device).tolist() == [0, 0]
+
+
+@pytest.mark.gpu
+@needs_cute
+def test_gpu_statistics_in_gate_up_across_calls_grids_and_streams():
+    """Calls of different grids back to back on one stream, with no synchronization between them, each count
+    from zero; calls on a second stream count on a pair of counters of their own."""
+    shapes = [(1024, 768, 1448), (68, 200, 520), (332, 1000, 3000), (1000, 768, 1448)]
+    problems = [(make_params(d, ff, device="cuda", dtype=torch.bfloat16, seed=m),
+                 make_x(m, d, torch.bfloat16, "cuda", seed=m)) for m, d, ff in shapes]
+    other = torch.cuda.Stream()
+    with torch.no_grad():
+        outputs = [sk.ops.fused_pre_norm_geglu(x, *params, EPS) for params, x in problems * 3]
+        other.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(other):
+            others = [sk.ops.fused_pre_norm_geglu(x, *params, EPS) for params, x in problems]
+            other_counters = CUTE.row_stats_counters(problems[0][1].device)
+    torch.cuda.synchronize()
+    assert other_counters is not CUTE.row_stats_counters(problems[0][1].device)
+    for (params, x), y in zip(problems * 3 + problems, outputs + others):
+        assert rel_err(y, fp64_block(x, *params)) < TOL[torch.bfloat16]
 
 
 @pytest.mark.gpu

@@ -10,13 +10,16 @@ QuACK (github.com/Dao-AILab/quack, `pip install standardkernels[cute]`) builds H
 cannot express: two-CTA clusters sharing operand tiles by TMA multicast, ping-pong consumer warpgroups (one
 tile's epilogue runs beside the other's main loop) and tiles of any multiple of 16 columns. Its fn frontend
 takes the epilogue as a Python function over the accumulator, so the gate/up product keeps ours: statistics,
-shift, GELU and the gate·up product applied in registers, only h stored; its main loop runs while the statistics
-kernel finishes, and only its epilogue waits for that kernel (`ColVecLoadAfterPrimary`). The down projection is
+shift, GELU and the gate·up product applied in registers, only h stored. In the small class the GEMM computes
+the statistics itself, in the producer warps QuACK leaves idle (`_row_stats_in_idle_warps`); elsewhere its main
+loop runs while the statistics kernel finishes, and only its epilogue waits for that kernel
+(`ColVecLoadAfterPrimary`). The down projection is
 QuACK's GEMM with residual and bias in its epilogue, at small shapes in clusters of four CTAs sharing h's tiles
 where those clusters fit on the GPU at once (`DOWN_IN_ONE_WAVE`). On the H200 the forward runs 5 % faster at the
 prefill shape and 10 % at the seed shape than with our Triton GEMMs, the two measured side by side
 (results/h200/geglu/NOTES.md, "ninth run"); the epilogue-only wait takes the seed from 22.3 to 21.5 µs ("eleventh
-run"), the down GEMM's clusters of four to 20.5 ("twelfth run").
+run"), the down GEMM's clusters of four to 20.5 ("twelfth run"), the statistics in gate/up to 19.6 ("thirteenth
+run").
 
 Imported only where it can run (a CUDA device of compute capability 9.0 with QuACK installed); the op falls
 back to its Triton GEMMs otherwise, and for decode (its split-K down kernel) and training (which stores the
@@ -28,15 +31,19 @@ import functools
 import hashlib
 import inspect
 
+import cutlass
 import cutlass.cute as cute
 import quack
 import torch
+from cutlass import Float32, Int32
 from quack.activation import gelu_erf, gelu_tanh_approx
+from quack.compile_utils import make_fake_tensor
 from quack.cute_dsl_utils import get_max_active_clusters
 from quack.epilogue.frontend import EpiMod, unpack
-from quack.epilogue.ops import ColVecLoad, RowVecLoad
+from quack.epilogue.ops import ColVecLoad, EpiOp, RowVecLoad, Scalar
 from quack.gemm_config import GemmConfig
 from quack.gemm_interface import gemm_tuned
+from quack.sync.barrier import release_add, wait_eq
 
 from sk.ops.fused_pre_norm_geglu import _cdiv
 
@@ -141,35 +148,228 @@ class _EpiModWaitingInEpilogue(EpiMod):
 WAIT_IN_EPILOGUE = quack.__version__ == "0.6.5"
 
 
-def _folded_ln_geglu(gelu):
+class KernelTensor(EpiOp):
+    """A tensor that the GEMM reads or writes outside its epilogue's tiles (`_row_stats_in_idle_warps`), passed
+    among the epilogue's arguments. `shape`: its sizes, each the GEMM's symbolic "m" or "k" or an int;
+    `divisibility`: of its row stride and base, in elements."""
+
+    def __init__(self, name, shape, divisibility):
+        super().__init__(name)
+        self.shape, self.divisibility = shape, divisibility
+
+    def config_key(self):
+        return (self.shape, self.divisibility)
+
+    def host_fake_arg(self, key, fctx):
+        dtype, _ = key
+        shape = tuple(getattr(fctx, size) if isinstance(size, str) else size for size in self.shape)
+        return make_fake_tensor(dtype, shape, divisibility=self.divisibility, leading_dim=len(shape) - 1)
+
+    def param_fields(self):
+        return [(self.name, object, None)]
+
+    def to_params(self, gemm, args):
+        return {self.name: getattr(args, self.name)}
+
+
+# Row statistics in the gate/up GEMM's idle producer warps: 16-byte loads, this many per lane in flight (a row
+# of the seed's 768 elements in one round; the warps have 40 registers a thread, QuACK's setmaxnreg).
+STATS_CHUNKS_PER_LANE = 3
+
+
+@cute.jit
+def _row_stats(x: cute.Tensor, mean: cute.Tensor, rstd: cute.Tensor, counters: cute.Tensor, eps: Float32,
+               stats_warp: Int32, stats_warps_per_cta: cutlass.Constexpr[int]):
+    """mean and 1/std of x's rows [first, first + n) for this warp, n = ⌈M / all stats warps⌉, then one arrival
+    on counters[0] (a gpu-scope release). Σ(x − c) and Σ(x − c)² in fp32 with c the row's first element, whose spread about the
+    mean is the rows' own, so the difference of squares keeps fp32's precision there."""
+    lane = cute.arch.lane_idx()
+    grid, block = cute.arch.grid_dim(), cute.arch.block_idx()
+    ctas = grid[0] * grid[1] * grid[2]
+    cta = block[0] + grid[0] * (block[1] + grid[1] * block[2])
+    m, d = cute.size(x, mode=[0]), cute.size(x, mode=[1])
+    rows_per_warp = (m + ctas * stats_warps_per_cta - 1) // (ctas * stats_warps_per_cta)
+    first = (cta * stats_warps_per_cta + stats_warp) * rows_per_warp
+    chunks = cute.make_rmem_tensor((8, STATS_CHUNKS_PER_LANE), x.element_type)
+    # x may be the output of the kernel this one launched behind (programmatic dependent launch).
+    cute.arch.griddepcontrol_wait()
+    for r in cutlass.range(rows_per_warp, unroll=1):
+        row = first + r
+        if row < m:
+            x_row = x[row, None]
+            c = x_row[0].to(Float32)
+            sums = cute.make_rmem_tensor((2,), Float32)
+            sums.fill(0.0)
+            for start in cutlass.range(0, d, 8 * 32 * STATS_CHUNKS_PER_LANE, unroll=1):
+                # All of a round's loads first (their latency overlaps); a chunk past the row's end reads the
+                # row's last chunk again and is not counted. d is a multiple of 8 (TMA's rows).
+                for j in cutlass.range_constexpr(STATS_CHUNKS_PER_LANE):
+                    col = start + (j * 32 + lane) * 8
+                    cute.autovec_copy(cute.local_tile(x_row, (8,), (min(col, d - 8) // 8,)), chunks[None, j])
+                for j in cutlass.range_constexpr(STATS_CHUNKS_PER_LANE):
+                    if start + (j * 32 + lane) * 8 < d:
+                        centered = chunks[None, j].load().to(Float32) - c
+                        sums[0] = sums[0] + centered.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                        sums[1] = sums[1] + (centered * centered).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            for offset in cutlass.range_constexpr(5):
+                sums[0] = sums[0] + cute.arch.shuffle_sync_bfly(sums[0], offset=16 >> offset)
+                sums[1] = sums[1] + cute.arch.shuffle_sync_bfly(sums[1], offset=16 >> offset)
+            if lane == 0:
+                shift = sums[0] / d
+                mean[0, row] = c + shift
+                rstd[0, row] = cute.math.rsqrt(max(sums[1] / d - shift * shift, Float32(0.0)) + eps)
+    # Lane 0 made every store of this warp; its release orders them before the arrival.
+    release_add(counters.iterator, lane, 0, 1)
+
+
+@functools.cache
+def _row_stats_in_idle_warps(gemm_cls):
+    """`gemm_cls` computing LayerNorm's row statistics itself, in the three warps of its producer warpgroup that
+    QuACK leaves idle (the fourth issues the TMA loads), while its main loop runs: the rows are split among all
+    CTAs' such warps, each warp's mean and 1/std stored to the `mean`/`rstd` tensors and counted in
+    `ln_counters[0]`, and each CTA's epilogue waits for all of them before it loads the statistics.
+    That wait spans CTAs, so every CTA must be resident at once and run one tile (`computes_row_stats`: the tiles
+    fit in one wave of QuACK's persistent grid). The counters are the op's, per device and stream
+    (`row_stats_counters`), zero between calls: the last CTA past its wait (counted in `ln_counters[1]`) zeroes
+    both, and the next call's warps, waiting for the kernel before them, count only after this grid has ended.
+    The warps start once QuACK's `setmaxregister_decrease` gives the producers their 40 registers: the call is
+    wrapped while the kernel is traced, as nothing else of QuACK's runs in those warps."""
+    class GemmWithRowStats(gemm_cls):
+        def epi_get_smem_tensors(self, params, storage):
+            self._row_stats_params = params  # for the producer warps, traced after this
+            return super().epi_get_smem_tensors(params, storage)
+
+        def _stats_warps(self):
+            return 4 - self.num_ab_load_warps
+
+        @cute.jit
+        def _row_stats_in_producer_warps(self):
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            first_stats_warp = self.ab_load_warp_id + self.num_ab_load_warps
+            if warp >= first_stats_warp:
+                params = self._row_stats_params
+                _row_stats(params.ln_x, params.mean, params.rstd, params.ln_counters, params.ln_eps,
+                           warp - first_stats_warp, self._stats_warps())
+
+        def kernel(self, *args, **kwargs):
+            launcher = super().kernel(*args, **kwargs)
+            trace_and_launch = launcher.launch
+
+            def launch(*launch_args, **launch_kwargs):
+                decrease = cute.arch.setmaxregister_decrease
+
+                def decrease_then_row_stats(*a, **k):
+                    decrease(*a, **k)
+                    self._row_stats_in_producer_warps()
+                cute.arch.setmaxregister_decrease = decrease_then_row_stats
+                try:
+                    return trace_and_launch(*launch_args, **launch_kwargs)
+                finally:
+                    cute.arch.setmaxregister_decrease = decrease
+            launcher.launch = launch
+            return launcher
+
+        @cute.jit
+        def epi_begin(self, params, epi_smem_tensors, epi_tile, tiled_copy_t2r, tiled_copy_r2s, tile_coord_mnkl,
+                      varlen_manager, epilogue_barrier, tidx, tRS_rD_layout=None):
+            # One thread acquires the count of every statistics warp; the barrier passes that on to the
+            # epilogue's threads, whose loads of the statistics follow. Then that thread counts its CTA past the
+            # wait, and the last CTA zeroes both counters for the next call.
+            grid = cute.arch.grid_dim()
+            ctas = grid[0] * grid[1] * grid[2]
+            counters = params.ln_counters.iterator
+            wait_eq(counters, tidx, 0, ctas * self._stats_warps())
+            epilogue_barrier.arrive_and_wait()
+            if tidx == 0:
+                if cute.arch.atomic_add(counters + 1, Int32(1), sem="relaxed", scope="gpu") == ctas - 1:
+                    cute.arch.store(counters, Int32(0), sem="relaxed", scope="gpu")
+                    cute.arch.store(counters + 1, Int32(0), sem="relaxed", scope="gpu")
+            cute.arch.griddepcontrol_launch_dependents()
+            return gemm_cls.epi_begin(self, params, epi_smem_tensors, epi_tile, tiled_copy_t2r, tiled_copy_r2s,
+                                      tile_coord_mnkl, varlen_manager, epilogue_barrier, tidx, tRS_rD_layout)
+    GemmWithRowStats.__qualname__ = GemmWithRowStats.__name__ = f"{gemm_cls.__name__}_WithRowStats"
+    return GemmWithRowStats
+
+
+class _EpiModWithRowStats(EpiMod):
+    """An epilogue whose GEMM kernels compute the row statistics themselves (`_row_stats_in_idle_warps`)."""
+
+    def _mint(self, *key):
+        return _row_stats_in_idle_warps(super()._mint(*key))
+
+
+def _folded_ln_geglu(gelu, row_stats=False):
     # The statistics are per row (a column vector over M), the fold's two rows per column; named explicitly so
     # that M == 2·d_ff cannot make QuACK's shape inference ambiguous.
     def folded_ln_geglu(acc, mean, rstd, colsum, shift):
         # acc pairs adjacent columns (gate, up): the weights' rows are interleaved.
         gate, up = unpack((acc - colsum * mean) * rstd + shift)
         return {"h": gelu(gate) * up}
+    ops = {"colsum": RowVecLoad("colsum"), "shift": RowVecLoad("shift")}
+    if row_stats:
+        return _EpiModWithRowStats(folded_ln_geglu, outputs=("h",), mode="acc_pair", extra_ops=(
+            KernelTensor("ln_x", ("m", "k"), 8), KernelTensor("ln_counters", (2,), 1), Scalar("ln_eps")), ops={
+            "mean": ColVecLoad("mean"), "rstd": ColVecLoad("rstd"), **ops})
     stats_load, epi_mod = (ColVecLoadAfterPrimary, _EpiModWaitingInEpilogue) if WAIT_IN_EPILOGUE else (
         ColVecLoad, EpiMod)
     return epi_mod(folded_ln_geglu, outputs=("h",), mode="acc_pair", ops={
-        "mean": stats_load("mean"), "rstd": stats_load("rstd"),
-        "colsum": RowVecLoad("colsum"), "shift": RowVecLoad("shift")})
+        "mean": stats_load("mean"), "rstd": stats_load("rstd"), **ops})
 
 
 # Module globals, so that QuACK's compile cache can find them again by import (its `module_locator`).
 FOLDED_LN_GEGLU_ERF = _folded_ln_geglu(gelu_erf)
 FOLDED_LN_GEGLU_TANH = _folded_ln_geglu(gelu_tanh_approx)
+FOLDED_LN_GEGLU_ERF_ROW_STATS = _folded_ln_geglu(gelu_erf, row_stats=True)
+FOLDED_LN_GEGLU_TANH_ROW_STATS = _folded_ln_geglu(gelu_tanh_approx, row_stats=True)
 
 
 def gate_up(x: torch.Tensor, stats: torch.Tensor, folded: torch.Tensor, fold: torch.Tensor, h: torch.Tensor,
-            approximate: str, shape_class: str) -> None:
+            approximate: str, shape_class: str, row_stats_eps: float | None = None) -> None:
     """h ← the GEGLU of LayerNorm(x)'s gate and up projections, from x [M, d], stats [2, M] (mean; 1/std),
-    folded [2·ff, d] and fold [2, 2·ff] (see the module docstring)."""
-    epilogue = FOLDED_LN_GEGLU_TANH if approximate == "tanh" else FOLDED_LN_GEGLU_ERF
+    folded [2·ff, d] and fold [2, 2·ff] (see the module docstring). With `row_stats_eps` (where
+    `computes_row_stats`), the GEMM computes the statistics into `stats` itself, with that eps."""
     # QuACK loads its vectors from 16-byte boundaries: the statistics' second row starts on one only when M is a
-    # multiple of 4 (the fold's, at 2·d_ff floats, always does); otherwise it is copied (one small kernel).
+    # multiple of 4 (the fold's, at 2·d_ff floats, always does); otherwise it is copied (one small kernel), which
+    # a GEMM computing the statistics could not write through (`computes_row_stats` asks for such an M).
     rstd = stats[1:2] if stats.shape[1] % 4 == 0 else stats[1:2].clone()
-    epilogue(x, folded.T, out={"h": h}, store_d=False, config=GATE_UP_CONFIGS[shape_class], tuned=False,
-             mean=stats[0:1], rstd=rstd, colsum=fold[0:1], shift=fold[1:2])
+    kwargs = dict(mean=stats[0:1], rstd=rstd, colsum=fold[0:1], shift=fold[1:2])
+    if row_stats_eps is None:
+        epilogue = FOLDED_LN_GEGLU_TANH if approximate == "tanh" else FOLDED_LN_GEGLU_ERF
+    else:
+        epilogue = FOLDED_LN_GEGLU_TANH_ROW_STATS if approximate == "tanh" else FOLDED_LN_GEGLU_ERF_ROW_STATS
+        kwargs.update(ln_x=x, ln_counters=row_stats_counters(x.device), ln_eps=float(row_stats_eps))
+    epilogue(x, folded.T, out={"h": h}, store_d=False, config=GATE_UP_CONFIGS[shape_class], tuned=False, **kwargs)
+
+
+_ROW_STATS_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def row_stats_counters(device: torch.device) -> torch.Tensor:
+    """The two int32 counters of `_row_stats_in_idle_warps`, zero between calls, one pair per device and stream
+    (calls on one stream run one after the other; a graph keeps the pair of the stream it was captured on)."""
+    stream = torch.cuda.current_stream(device)
+    key = (device.index, stream.cuda_stream)
+    if key not in _ROW_STATS_COUNTERS:
+        _ROW_STATS_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return _ROW_STATS_COUNTERS[key]
+
+
+# Rows of x (in elements) one statistics warp may take before its loads outlast gate/up's main loop; the seed
+# gives each 3 rows of 768.
+ROW_STATS_ELEMENTS_PER_WARP = 4096
+
+
+def computes_row_stats(m: int, d: int, ff: int, shape_class: str, device: torch.device) -> bool:
+    """Whether gate/up computes the statistics itself (`_row_stats_in_idle_warps`): written against QuACK 0.6.5's
+    kernel (as `WAIT_IN_EPILOGUE`), in the small class, where its tiles fit in one wave, its three idle warps per
+    CTA have few rows each, and M is a multiple of 4 (see `gate_up`)."""
+    if not (WAIT_IN_EPILOGUE and shape_class == "small" and m % 4 == 0):
+        return False
+    c = GATE_UP_CONFIGS[shape_class]
+    cluster = c.cluster_m * c.cluster_n
+    clusters = _cdiv(m, c.tile_m * c.cluster_m) * _cdiv(2 * ff, c.tile_n * c.cluster_n)
+    return (clusters <= _max_active_clusters(cluster, device.index)
+            and _cdiv(m, 3 * clusters * cluster) * d <= ROW_STATS_ELEMENTS_PER_WARP)
 
 
 @functools.cache
