@@ -236,6 +236,7 @@ def _row_stats_in_idle_warps(gemm_cls):
     wrapped while the kernel is traced, as nothing else of QuACK's runs in those warps."""
     class GemmWithRowStats(gemm_cls):
         def epi_get_smem_tensors(self, params, storage):
+            assert not self.pingpong, "statistics in idle warps: cooperative configs only (one epilogue a CTA)"
             self._row_stats_params = params  # for the producer warps, traced after this
             return super().epi_get_smem_tensors(params, storage)
 
@@ -362,13 +363,14 @@ ROW_STATS_ELEMENTS_PER_WARP = 4096
 def computes_row_stats(m: int, d: int, ff: int, shape_class: str, device: torch.device) -> bool:
     """Whether gate/up computes the statistics itself (`_row_stats_in_idle_warps`): written against QuACK 0.6.5's
     kernel (as `WAIT_IN_EPILOGUE`), in the small class, where its tiles fit in one wave, its three idle warps per
-    CTA have few rows each, and M is a multiple of 4 (see `gate_up`)."""
+    CTA have few rows each, and M is a multiple of 4 (see `gate_up`); cooperative configs only (each CTA's
+    epilogue counts itself past its wait once)."""
     if not (WAIT_IN_EPILOGUE and shape_class == "small" and m % 4 == 0):
         return False
     c = GATE_UP_CONFIGS[shape_class]
     cluster = c.cluster_m * c.cluster_n
     clusters = _cdiv(m, c.tile_m * c.cluster_m) * _cdiv(2 * ff, c.tile_n * c.cluster_n)
-    return (clusters <= _max_active_clusters(cluster, device.index)
+    return (not c.pingpong and clusters <= _max_active_clusters(cluster, device.index)
             and _cdiv(m, 3 * clusters * cluster) * d <= ROW_STATS_ELEMENTS_PER_WARP)
 
 
