@@ -596,15 +596,18 @@ def test_gpu_dependent_launch_gives_the_stream_order_bits(m, d, ff, training, mo
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,d,ff,training", [(1024, 768, 1448, False), (32, 2048, 16384, False),
+@pytest.mark.parametrize("m,d,ff,training", [(1024, 768, 1448, False), (1000, 768, 1448, False),
+                                             (4097, 768, 1448, False), (32, 2048, 16384, False),
                                              (1000, 768, 1448, True)])
 def test_gpu_chained_calls_read_the_previous_calls_output(m, d, ff, training, monkeypatch):
-    """The statistics kernel launches dependently on the kernel before it, which in a stack of blocks is the
-    previous block's down GEMM writing this block's x: it must wait for that kernel before reading x, and let
-    gate/up (whose main loop reads x) launch only after that. Calls chained through their outputs in one graph
-    must give the bits of calls launched in stream order. The cases: the seed (QuACK's GEMMs where they run),
-    decode, training."""
-    params = make_params(d, ff, device="cuda", dtype=torch.float32 if training else torch.bfloat16)
+    """The op's first kernel launches dependently on the kernel before it, which in a stack of blocks is the
+    previous block's down GEMM writing this block's x: it must wait for that kernel before reading x, and, where
+    it is the statistics kernel, let gate/up (whose main loop reads x) launch only after that. Calls chained
+    through their outputs in one graph must give the bits of calls launched in stream order. The cases: gate/up
+    computing the statistics itself (the seed and M = 1000, where QuACK's GEMMs run), the statistics kernel
+    before QuACK's gate/up (M = 4097), decode, training. bf16 parameters throughout, so that no cast of the
+    masters runs between the calls in stream order."""
+    params = make_params(d, ff, device="cuda", dtype=torch.bfloat16)
     x0 = make_x(m, d, torch.bfloat16, "cuda")
 
     def chain():

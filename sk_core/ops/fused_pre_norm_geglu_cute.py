@@ -18,7 +18,7 @@ QuACK's GEMM with residual and bias in its epilogue, at small shapes in clusters
 where those clusters fit on the GPU at once (`DOWN_IN_ONE_WAVE`). On the H200 the forward runs 5 % faster at the
 prefill shape and 10 % at the seed shape than with our Triton GEMMs, the two measured side by side
 (results/h200/geglu/NOTES.md, "ninth run"); the epilogue-only wait takes the seed from 22.3 to 21.5 µs ("eleventh
-run"), the down GEMM's clusters of four to 20.5 ("twelfth run"), the statistics in gate/up to 19.6 ("thirteenth
+run"), the down GEMM's clusters of four to 20.5 ("twelfth run"), the statistics in gate/up to 19.3 ("thirteenth
 run").
 
 Imported only where it can run (a CUDA device of compute capability 9.0 with QuACK installed); the op falls
@@ -36,6 +36,7 @@ import cutlass.cute as cute
 import quack
 import torch
 from cutlass import Float32, Int32
+from cutlass.pipeline import NamedBarrier
 from quack.activation import gelu_erf, gelu_tanh_approx
 from quack.compile_utils import make_fake_tensor
 from quack.cute_dsl_utils import get_max_active_clusters
@@ -175,6 +176,8 @@ class KernelTensor(EpiOp):
 # Row statistics in the gate/up GEMM's idle producer warps: 16-byte loads, this many per lane in flight (a row
 # of the seed's 768 elements in one round; the warps have 40 registers a thread, QuACK's setmaxnreg).
 STATS_CHUNKS_PER_LANE = 3
+# The named barrier between them and the epilogue: the last of the 16, past QuACK's (1-8, `NamedBarrierGemm`).
+ROW_STATS_BARRIER = 15
 
 
 @cute.jit
@@ -222,16 +225,37 @@ def _row_stats(x: cute.Tensor, mean: cute.Tensor, rstd: cute.Tensor, counters: c
     release_add(counters.iterator, lane, 0, 1)
 
 
+@cute.jit
+def _publish_row_stats(counters: cute.Tensor, stats_warps_per_cta: cutlass.Constexpr[int], ready: NamedBarrier):
+    """In one statistics warp of each CTA, once its own rows are done: wait until every statistics warp of the
+    grid has arrived, let this CTA's epilogue through `ready`, then count this CTA past the wait on counters[1];
+    the last CTA zeroes both counters for the next call. Done here rather than in the epilogue, whose critical
+    path would take the acquiring load's and the atomic's round trips to L2."""
+    lane = cute.arch.lane_idx()
+    grid = cute.arch.grid_dim()
+    ctas = grid[0] * grid[1] * grid[2]
+    # Lane 0 acquires; the warp's sync and the barrier pass that on to the epilogue's threads (as QuACK's
+    # Semaphore pairs them), whose loads of the statistics follow.
+    wait_eq(counters.iterator, lane, 0, ctas * stats_warps_per_cta)
+    cute.arch.sync_warp()
+    ready.arrive()
+    if lane == 0:
+        if cute.arch.atomic_add(counters.iterator + 1, Int32(1), sem="relaxed", scope="gpu") == ctas - 1:
+            cute.arch.store(counters.iterator, Int32(0), sem="relaxed", scope="gpu")
+            cute.arch.store(counters.iterator + 1, Int32(0), sem="relaxed", scope="gpu")
+
+
 @functools.cache
 def _row_stats_in_idle_warps(gemm_cls):
     """`gemm_cls` computing LayerNorm's row statistics itself, in the three warps of its producer warpgroup that
     QuACK leaves idle (the fourth issues the TMA loads), while its main loop runs: the rows are split among all
     CTAs' such warps, each warp's mean and 1/std stored to the `mean`/`rstd` tensors and counted in
-    `ln_counters[0]`, and each CTA's epilogue waits for all of them before it loads the statistics.
+    `ln_counters[0]`; the first of them in each CTA then waits for all of them and lets the CTA's epilogue load
+    the statistics (`_publish_row_stats`, through named barrier `ROW_STATS_BARRIER`).
     That wait spans CTAs, so every CTA must be resident at once and run one tile (`computes_row_stats`: the tiles
-    fit in one wave of QuACK's persistent grid). The counters are the op's, per device and stream
-    (`row_stats_counters`), zero between calls: the last CTA past its wait (counted in `ln_counters[1]`) zeroes
-    both, and the next call's warps, waiting for the kernel before them, count only after this grid has ended.
+    fit in one wave of QuACK's persistent grid; cooperative configs). The counters are the op's, per device and
+    stream (`row_stats_counters`), zero between calls: the last CTA past the wait (counted in `ln_counters[1]`)
+    zeroes both, and the next call's warps, waiting for the kernel before them, count only after this grid ended.
     The warps start once QuACK's `setmaxregister_decrease` gives the producers their 40 registers: the call is
     wrapped while the kernel is traced, as nothing else of QuACK's runs in those warps."""
     class GemmWithRowStats(gemm_cls):
@@ -243,6 +267,10 @@ def _row_stats_in_idle_warps(gemm_cls):
         def _stats_warps(self):
             return 4 - self.num_ab_load_warps
 
+        def _stats_ready(self):
+            # The epilogue's warps and the one statistics warp that lets them through.
+            return NamedBarrier(barrier_id=ROW_STATS_BARRIER, num_threads=(self.num_epi_warps + 1) * 32)
+
         @cute.jit
         def _row_stats_in_producer_warps(self):
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -251,6 +279,8 @@ def _row_stats_in_idle_warps(gemm_cls):
                 params = self._row_stats_params
                 _row_stats(params.ln_x, params.mean, params.rstd, params.ln_counters, params.ln_eps,
                            warp - first_stats_warp, self._stats_warps())
+                if warp == first_stats_warp:
+                    _publish_row_stats(params.ln_counters, self._stats_warps(), self._stats_ready())
 
         def kernel(self, *args, **kwargs):
             launcher = super().kernel(*args, **kwargs)
@@ -273,18 +303,7 @@ def _row_stats_in_idle_warps(gemm_cls):
         @cute.jit
         def epi_begin(self, params, epi_smem_tensors, epi_tile, tiled_copy_t2r, tiled_copy_r2s, tile_coord_mnkl,
                       varlen_manager, epilogue_barrier, tidx, tRS_rD_layout=None):
-            # One thread acquires the count of every statistics warp; the barrier passes that on to the
-            # epilogue's threads, whose loads of the statistics follow. Then that thread counts its CTA past the
-            # wait, and the last CTA zeroes both counters for the next call.
-            grid = cute.arch.grid_dim()
-            ctas = grid[0] * grid[1] * grid[2]
-            counters = params.ln_counters.iterator
-            wait_eq(counters, tidx, 0, ctas * self._stats_warps())
-            epilogue_barrier.arrive_and_wait()
-            if tidx == 0:
-                if cute.arch.atomic_add(counters + 1, Int32(1), sem="relaxed", scope="gpu") == ctas - 1:
-                    cute.arch.store(counters, Int32(0), sem="relaxed", scope="gpu")
-                    cute.arch.store(counters + 1, Int32(0), sem="relaxed", scope="gpu")
+            self._stats_ready().arrive_and_wait()
             cute.arch.griddepcontrol_launch_dependents()
             return gemm_cls.epi_begin(self, params, epi_smem_tensors, epi_tile, tiled_copy_t2r, tiled_copy_r2s,
                                       tile_coord_mnkl, varlen_manager, epilogue_barrier, tidx, tRS_rD_layout)

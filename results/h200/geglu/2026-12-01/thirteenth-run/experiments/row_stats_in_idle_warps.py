@@ -1,8 +1,13 @@
 """Experiment (2026-12-01, H200): gate/up computing LayerNorm's row statistics in the three producer warps that
 QuACK's SM90 GEMM leaves idle (`fused_pre_norm_geglu_cute._row_stats_in_idle_warps`), against the statistics
-kernel before gate/up (the op's path until now, `computes_row_stats` forced off). It ran twice: first (`first/`)
-with a one-program kernel before gate/up that zeroed the arrival counter, then with counters that the last CTA
-zeroes, gate/up the op's first kernel.
+kernel before gate/up (the op's path until now, `computes_row_stats` forced off). It ran at three commits:
+    first/   (uncommitted, cefc975's kernel with a one-program kernel before gate/up that zeroed the arrival
+             counter, and every CTA's epilogue acquiring it) -> seed 19.92-20.11 against 20.10-20.27
+    second/  cefc975: counters that the last CTA zeroes, gate/up the op's first kernel -> 19.59-19.66 against
+             20.22-20.30
+    third/   the final code: one statistics warp per CTA acquires the count and lets the epilogue through a named
+             barrier, and counts the CTA past the wait, off the epilogue's critical path -> 19.25-19.30 against
+             20.19-20.24
 
 Why: the statistics kernel's programs hold every SM's registers for ~1 µs, and a gate/up CTA needs a whole SM,
 so gate/up's start waits for them (twelfth run: ~0.9 µs of the seed's 20.1-20.4). Each idle warp reads about 3 rows
