@@ -89,10 +89,10 @@ def test_gpu_small_down_takes_clusters_of_four_only_where_they_all_fit_at_once(m
     """At the seed (24 clusters of 1 × 4 CTAs; 30 fit on the H200) the down GEMM runs `DOWN_IN_ONE_WAVE`; with
     more clusters than fit (99, 128), some CTAs would run a second round of tiles, so the table's config runs.
     test_gpu_cute_gemms_match_fp64 checks both configs' results."""
-    device = torch.device("cuda", torch.cuda.current_device())  # as a tensor's device names it: with its index
-    config = CUTE._down_config(m, d, "small", device)
-    assert config is (CUTE.DOWN_IN_ONE_WAVE if one_wave else CUTE.DOWN_CONFIGS["small"])
-    assert CUTE._down_config(8192, 2048, "large", device) is CUTE.DOWN_CONFIGS["large"]
+    for device in (torch.device("cuda", torch.cuda.current_device()), torch.device("cuda")):  # with and without
+        config = CUTE._down_config(m, d, "small", device)                                    # an index
+        assert config is (CUTE.DOWN_IN_ONE_WAVE if one_wave else CUTE.DOWN_CONFIGS["small"])
+        assert CUTE._down_config(8192, 2048, "large", device) is CUTE.DOWN_CONFIGS["large"]
 
 
 @pytest.fixture
@@ -213,9 +213,9 @@ def test_gpu_cute_gemms_replay_from_a_cuda_graph(m, d, ff, cute_calls):
     assert set(cute_calls) == {"gate_up", "down"}
 
 
-_GATE_UP_PTX = """
+_GATE_UP_PTX = f"""
 import sys, torch
-sys.path.insert(0, "tests")
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 from test_fused_pre_norm_geglu_cute import CUTE
 m, d, ff = 256, 128, 96  # the kernel is compiled for symbolic sizes: the op's, at small ones
 x, folded = torch.randn(m, d, device="cuda").bfloat16(), torch.randn(2 * ff, d, device="cuda").bfloat16()

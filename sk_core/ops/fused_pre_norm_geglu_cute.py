@@ -368,7 +368,7 @@ def row_stats_counters(device: torch.device) -> torch.Tensor:
     """The two int32 counters of `_row_stats_in_idle_warps`, zero between calls, one pair per device and stream
     (calls on one stream run one after the other; a graph keeps the pair of the stream it was captured on)."""
     stream = torch.cuda.current_stream(device)
-    key = (device.index, stream.cuda_stream)
+    key = (stream.device_index, stream.cuda_stream)
     if key not in _ROW_STATS_COUNTERS:
         _ROW_STATS_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
     return _ROW_STATS_COUNTERS[key]
@@ -389,12 +389,17 @@ def computes_row_stats(m: int, d: int, ff: int, shape_class: str, device: torch.
     c = GATE_UP_CONFIGS[shape_class]
     cluster = c.cluster_m * c.cluster_n
     clusters = _cdiv(m, c.tile_m * c.cluster_m) * _cdiv(2 * ff, c.tile_n * c.cluster_n)
-    return (not c.pingpong and clusters <= _max_active_clusters(cluster, device.index)
+    return (not c.pingpong and clusters <= _max_active_clusters(cluster, device)
             and _cdiv(m, 3 * clusters * cluster) * d <= ROW_STATS_ELEMENTS_PER_WARP)
 
 
+def _max_active_clusters(cluster_size: int, device: torch.device) -> int:
+    """How many clusters of `cluster_size` CTAs of QuACK's SM90 GEMM are resident on `device` at once."""
+    return _max_active_clusters_on(cluster_size, torch.cuda.current_device() if device.index is None else device.index)
+
+
 @functools.cache
-def _max_active_clusters(cluster_size: int, device_index: int) -> int:
+def _max_active_clusters_on(cluster_size: int, device_index: int) -> int:
     return get_max_active_clusters(cluster_size, device_capacity=(9, 0), device_id=device_index)
 
 
@@ -403,7 +408,7 @@ def _down_config(m: int, d: int, shape_class: str, device: torch.device) -> Gemm
     if shape_class == "small":
         c = DOWN_IN_ONE_WAVE
         clusters = _cdiv(m, c.tile_m * c.cluster_m) * _cdiv(d, c.tile_n * c.cluster_n)
-        if clusters <= _max_active_clusters(c.cluster_m * c.cluster_n, device.index):
+        if clusters <= _max_active_clusters(c.cluster_m * c.cluster_n, device):
             return c
     return DOWN_CONFIGS[shape_class]
 
