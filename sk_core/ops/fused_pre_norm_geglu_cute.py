@@ -93,7 +93,7 @@ class ColVecLoadAfterPrimary(ColVecLoad):
     def config_key(self):
         # QuACK's compile cache (on disk too) knows an op by its type, name and this key: the source of what this
         # op and `_main_loop_before_wait` put into the kernel, so that an edit of either compiles afresh.
-        return (*super().config_key(), _waiting_source_digest())
+        return (*super().config_key(), _source_digest(ColVecLoadAfterPrimary, _main_loop_before_wait))
 
     @cute.jit
     def begin(self, gemm, param, smem_tensor, ctx):
@@ -129,9 +129,10 @@ def _main_loop_before_wait(gemm_cls):
 
 
 @functools.cache
-def _waiting_source_digest() -> str:
-    sources = inspect.getsource(ColVecLoadAfterPrimary) + inspect.getsource(_main_loop_before_wait)
-    return hashlib.sha256(sources.encode()).hexdigest()[:16]
+def _source_digest(*code) -> str:
+    """A digest of the source of `code` (classes and functions): for QuACK's compile cache key, which covers
+    QuACK's own source but not ours."""
+    return hashlib.sha256("".join(inspect.getsource(c) for c in code).encode()).hexdigest()[:16]
 
 
 class _EpiModWaitingInEpilogue(EpiMod):
@@ -159,7 +160,9 @@ class KernelTensor(EpiOp):
         self.shape, self.divisibility = shape, divisibility
 
     def config_key(self):
-        return (self.shape, self.divisibility)
+        # With the source of the code that reads these tensors, as `ColVecLoadAfterPrimary.config_key` does.
+        return (self.shape, self.divisibility,
+                _source_digest(KernelTensor, _row_stats, _publish_row_stats, _row_stats_in_idle_warps))
 
     def host_fake_arg(self, key, fctx):
         dtype, _ = key
