@@ -610,16 +610,19 @@ def test_gpu_chained_calls_read_the_previous_calls_output(m, d, ff, training, mo
     params = make_params(d, ff, device="cuda", dtype=torch.bfloat16)
     x0 = make_x(m, d, torch.bfloat16, "cuda")
 
-    def chain():
+    def chain(synchronized=False):
         x, outs = x0, []
         with torch.no_grad() if not training else torch.enable_grad():
             for _ in range(8):
                 x = sk.ops.fused_pre_norm_geglu(x.detach().requires_grad_(training), *params, EPS).detach()
                 outs.append(x)
+                if synchronized:  # no kernel of a call overlaps the previous call's, whatever launches early
+                    torch.cuda.synchronize()
         return outs
 
     want = pdl_graph_gives_stream_order_bits(chain, monkeypatch)
     assert all(out.isfinite().all() for out in want)
+    assert all(torch.equal(a, b) for a, b in zip(chain(synchronized=True), want))
 
 
 @pytest.mark.gpu

@@ -707,12 +707,14 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     cute_gemms = _cute_gemms_for(dev, m, d, ff, fold is not None and configs is None)
     size_class = shape_class(m, d, ff)
     h = torch.empty((m, ff), dtype=dtype, device=dev)
-    if cute_gemms is not None and cute_gemms.computes_row_stats(m, d, ff, size_class, dev):
+    counters = (cute_gemms.row_stats_counters(dev) if cute_gemms is not None
+                and cute_gemms.computes_row_stats(m, d, ff, size_class, dev) else None)
+    if counters is not None:
         # Gate/up computes the statistics itself, in warps that would otherwise idle, so it is the op's first
         # kernel: seed 19.3 µs against 20.2 with the statistics kernel before it
         # (results/h200/geglu/2026-12-01/thirteenth-run/experiments/third/).
         stats = torch.empty((2, m), dtype=torch.float32, device=dev)
-        cute_gemms.gate_up(x2, stats, wg, fold, h, approximate, size_class, row_stats_eps=eps)
+        cute_gemms.gate_up(x2, stats, wg, fold, h, approximate, size_class, row_stats=(counters, eps))
         cute_gemms.down(h, wd, bd, x2, y, size_class)
         return y, stats, xn, gu
     stats = torch.empty((2, m), dtype=torch.float32, device=dev)

@@ -44,7 +44,7 @@ from quack.epilogue.frontend import EpiMod, unpack
 from quack.epilogue.ops import ColVecLoad, EpiOp, RowVecLoad, Scalar
 from quack.gemm_config import GemmConfig
 from quack.gemm_interface import gemm_tuned
-from quack.sync.barrier import release_add, wait_eq
+from quack.sync.barrier import release_add
 
 from sk.ops.fused_pre_norm_geglu import _cdiv
 
@@ -160,9 +160,11 @@ class KernelTensor(EpiOp):
         self.shape, self.divisibility = shape, divisibility
 
     def config_key(self):
-        # With the source of the code that reads these tensors, as `ColVecLoadAfterPrimary.config_key` does.
-        return (self.shape, self.divisibility,
-                _source_digest(KernelTensor, _row_stats, _publish_row_stats, _row_stats_in_idle_warps))
+        # With the source of the code that reads these tensors and its constants, as
+        # `ColVecLoadAfterPrimary.config_key` does.
+        return (self.shape, self.divisibility, STATS_CHUNKS_PER_LANE, MAX_POLLS, STATS_WARPS_BARRIER,
+                ROW_STATS_BARRIER, _source_digest(KernelTensor, _row_stats_of, _row_stats, _publish_row_stats,
+                                                  _row_stats_in_idle_warps))
 
     def host_fake_arg(self, key, fctx):
         dtype, _ = key
@@ -179,16 +181,46 @@ class KernelTensor(EpiOp):
 # Row statistics in the gate/up GEMM's idle producer warps: 16-byte loads, this many per lane in flight (a row
 # of the seed's 768 elements in one round; the warps have 40 registers a thread, QuACK's setmaxnreg).
 STATS_CHUNKS_PER_LANE = 3
-# The named barrier between them and the epilogue: the last of the 16, past QuACK's (1-8, `NamedBarrierGemm`).
-ROW_STATS_BARRIER = 15
+# Named barriers, past QuACK's (1-8, `NamedBarrierGemm`): the statistics warps of a CTA (all three arrived before
+# the CTA counts itself done), and the one of them that lets the epilogue through with the epilogue's warps.
+STATS_WARPS_BARRIER, ROW_STATS_BARRIER = 14, 15
+# Polls of the count (each an L2 round trip, ~1 µs) before a CTA stops waiting for other CTAs and computes every
+# row's statistics itself: the other CTAs may not be resident (a concurrent kernel holding SMs), and the wait
+# must not outlast them. At the seed the count is complete in a few µs.
+MAX_POLLS = 1024
+
+
+@cute.jit
+def _row_stats_of(x_row: cute.Tensor, d: Int32, eps: Float32, lane: Int32, chunks: cute.Tensor):
+    """(mean, 1/std) of one row of x, in every lane of the warp: Σ(x − c) and Σ(x − c)² in fp32 with c the row's
+    first element, whose spread about the mean is the row's own, so the difference of squares keeps fp32's
+    precision there."""
+    c = x_row[0].to(Float32)
+    sums = cute.make_rmem_tensor((2,), Float32)
+    sums.fill(0.0)
+    for start in cutlass.range(0, d, 8 * 32 * STATS_CHUNKS_PER_LANE, unroll=1):
+        # All of a round's loads first (their latency overlaps); a chunk past the row's end reads the row's last
+        # chunk again and is not counted. d is a multiple of 8 (TMA's rows).
+        for j in cutlass.range_constexpr(STATS_CHUNKS_PER_LANE):
+            col = start + (j * 32 + lane) * 8
+            cute.autovec_copy(cute.local_tile(x_row, (8,), (min(col, d - 8) // 8,)), chunks[None, j])
+        for j in cutlass.range_constexpr(STATS_CHUNKS_PER_LANE):
+            if start + (j * 32 + lane) * 8 < d:
+                centered = chunks[None, j].load().to(Float32) - c
+                sums[0] = sums[0] + centered.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                sums[1] = sums[1] + (centered * centered).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+    for offset in cutlass.range_constexpr(5):
+        sums[0] = sums[0] + cute.arch.shuffle_sync_bfly(sums[0], offset=16 >> offset)
+        sums[1] = sums[1] + cute.arch.shuffle_sync_bfly(sums[1], offset=16 >> offset)
+    shift = sums[0] / d
+    return c + shift, cute.math.rsqrt(max(sums[1] / d - shift * shift, Float32(0.0)) + eps)
 
 
 @cute.jit
 def _row_stats(x: cute.Tensor, mean: cute.Tensor, rstd: cute.Tensor, counters: cute.Tensor, eps: Float32,
                stats_warp: Int32, stats_warps_per_cta: cutlass.Constexpr[int]):
-    """mean and 1/std of x's rows [first, first + n) for this warp, n = ⌈M / all stats warps⌉, then one arrival
-    on counters[0] (a gpu-scope release). Σ(x − c) and Σ(x − c)² in fp32 with c the row's first element, whose spread about the
-    mean is the rows' own, so the difference of squares keeps fp32's precision there."""
+    """mean and 1/std of x's rows [first, first + n) for this warp, n = ⌈M / all statistics warps⌉, stored by
+    lane 0, then one arrival on counters[0] (a gpu-scope release by that lane)."""
     lane = cute.arch.lane_idx()
     grid, block = cute.arch.grid_dim(), cute.arch.block_idx()
     ctas = grid[0] * grid[1] * grid[2]
@@ -202,44 +234,44 @@ def _row_stats(x: cute.Tensor, mean: cute.Tensor, rstd: cute.Tensor, counters: c
     for r in cutlass.range(rows_per_warp, unroll=1):
         row = first + r
         if row < m:
-            x_row = x[row, None]
-            c = x_row[0].to(Float32)
-            sums = cute.make_rmem_tensor((2,), Float32)
-            sums.fill(0.0)
-            for start in cutlass.range(0, d, 8 * 32 * STATS_CHUNKS_PER_LANE, unroll=1):
-                # All of a round's loads first (their latency overlaps); a chunk past the row's end reads the
-                # row's last chunk again and is not counted. d is a multiple of 8 (TMA's rows).
-                for j in cutlass.range_constexpr(STATS_CHUNKS_PER_LANE):
-                    col = start + (j * 32 + lane) * 8
-                    cute.autovec_copy(cute.local_tile(x_row, (8,), (min(col, d - 8) // 8,)), chunks[None, j])
-                for j in cutlass.range_constexpr(STATS_CHUNKS_PER_LANE):
-                    if start + (j * 32 + lane) * 8 < d:
-                        centered = chunks[None, j].load().to(Float32) - c
-                        sums[0] = sums[0] + centered.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-                        sums[1] = sums[1] + (centered * centered).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            for offset in cutlass.range_constexpr(5):
-                sums[0] = sums[0] + cute.arch.shuffle_sync_bfly(sums[0], offset=16 >> offset)
-                sums[1] = sums[1] + cute.arch.shuffle_sync_bfly(sums[1], offset=16 >> offset)
+            row_mean, row_rstd = _row_stats_of(x[row, None], d, eps, lane, chunks)
             if lane == 0:
-                shift = sums[0] / d
-                mean[0, row] = c + shift
-                rstd[0, row] = cute.math.rsqrt(max(sums[1] / d - shift * shift, Float32(0.0)) + eps)
-    # Lane 0 made every store of this warp; its release orders them before the arrival.
+                mean[0, row] = row_mean
+                rstd[0, row] = row_rstd
     release_add(counters.iterator, lane, 0, 1)
 
 
 @cute.jit
-def _publish_row_stats(counters: cute.Tensor, stats_warps_per_cta: cutlass.Constexpr[int], ready: NamedBarrier):
-    """In one statistics warp of each CTA, once its own rows are done: wait until every statistics warp of the
-    grid has arrived, let this CTA's epilogue through `ready`, then count this CTA past the wait on counters[1];
-    the last CTA zeroes both counters for the next call. Done here rather than in the epilogue, whose critical
-    path would take the acquiring load's and the atomic's round trips to L2."""
+def _publish_row_stats(x: cute.Tensor, mean: cute.Tensor, rstd: cute.Tensor, counters: cute.Tensor,
+                       eps: Float32, stats_warps_per_cta: cutlass.Constexpr[int], ready: NamedBarrier):
+    """In one statistics warp of each CTA, once its CTA's statistics warps have all arrived: wait until every
+    statistics warp of the grid has, let this CTA's epilogue through `ready`, then count this CTA done on
+    counters[1]; the last CTA zeroes both counters for the next call. Done here rather than in the epilogue,
+    whose critical path would take the acquiring load's and the atomic's round trips to L2.
+    After `MAX_POLLS` polls the warp computes every row itself (the same code, so the same bits as the warps
+    responsible for them) and lets the epilogue through: a grid that cannot become resident at once is slow,
+    not stuck."""
     lane = cute.arch.lane_idx()
     grid = cute.arch.grid_dim()
     ctas = grid[0] * grid[1] * grid[2]
+    expected = ctas * stats_warps_per_cta
+    count, polls = Int32(0), Int32(0)
     # Lane 0 acquires; the warp's sync and the barrier pass that on to the epilogue's threads (as QuACK's
     # Semaphore pairs them), whose loads of the statistics follow.
-    wait_eq(counters.iterator, lane, 0, ctas * stats_warps_per_cta)
+    if lane == 0:
+        count = cute.arch.load(counters.iterator, Int32, sem="acquire", scope="gpu")
+        while count != expected and polls < MAX_POLLS:
+            count = cute.arch.load(counters.iterator, Int32, sem="acquire", scope="gpu")
+            polls = polls + 1
+    count = cute.arch.shuffle_sync(count, 0)
+    if count != expected:
+        m, d = cute.size(x, mode=[0]), cute.size(x, mode=[1])
+        chunks = cute.make_rmem_tensor((8, STATS_CHUNKS_PER_LANE), x.element_type)
+        for row in cutlass.range(m, unroll=1):
+            row_mean, row_rstd = _row_stats_of(x[row, None], d, eps, lane, chunks)
+            if lane == 0:
+                mean[0, row] = row_mean
+                rstd[0, row] = row_rstd
     cute.arch.sync_warp()
     ready.arrive()
     if lane == 0:
@@ -255,10 +287,12 @@ def _row_stats_in_idle_warps(gemm_cls):
     CTAs' such warps, each warp's mean and 1/std stored to the `mean`/`rstd` tensors and counted in
     `ln_counters[0]`; the first of them in each CTA then waits for all of them and lets the CTA's epilogue load
     the statistics (`_publish_row_stats`, through named barrier `ROW_STATS_BARRIER`).
-    That wait spans CTAs, so every CTA must be resident at once and run one tile (`computes_row_stats`: the tiles
-    fit in one wave of QuACK's persistent grid; cooperative configs). The counters are the op's, per device and
-    stream (`row_stats_counters`), zero between calls: the last CTA past the wait (counted in `ln_counters[1]`)
-    zeroes both, and the next call's warps, waiting for the kernel before them, count only after this grid ended.
+    That wait spans CTAs, so it is meant for grids whose CTAs are all resident at once and run one tile each
+    (`computes_row_stats`: the tiles fit in one wave of QuACK's persistent grid; cooperative configs); where
+    they cannot all be (a concurrent kernel holding SMs), the wait gives up after `MAX_POLLS` and the CTA
+    computes the statistics itself. The counters (`row_stats_counters`) are zero between calls: the last CTA done
+    (counted in `ln_counters[1]`) zeroes both, and the next call's warps, waiting for the kernel before them,
+    count only after this grid ended.
     The warps start once QuACK's `setmaxregister_decrease` gives the producers their 40 registers: the call is
     wrapped while the kernel is traced, as nothing else of QuACK's runs in those warps."""
     class GemmWithRowStats(gemm_cls):
@@ -282,8 +316,15 @@ def _row_stats_in_idle_warps(gemm_cls):
                 params = self._row_stats_params
                 _row_stats(params.ln_x, params.mean, params.rstd, params.ln_counters, params.ln_eps,
                            warp - first_stats_warp, self._stats_warps())
+                # The CTA counts itself done only after all its statistics warps arrived, so that the last CTA
+                # done zeroes the counters after every arrival.
+                all_arrived = NamedBarrier(barrier_id=STATS_WARPS_BARRIER, num_threads=self._stats_warps() * 32)
                 if warp == first_stats_warp:
-                    _publish_row_stats(params.ln_counters, self._stats_warps(), self._stats_ready())
+                    all_arrived.arrive_and_wait()
+                    _publish_row_stats(params.ln_x, params.mean, params.rstd, params.ln_counters, params.ln_eps,
+                                       self._stats_warps(), self._stats_ready())
+                else:
+                    all_arrived.arrive()
 
         def kernel(self, *args, **kwargs):
             launcher = super().kernel(*args, **kwargs)
@@ -347,34 +388,59 @@ FOLDED_LN_GEGLU_TANH_ROW_STATS = _folded_ln_geglu(gelu_tanh_approx, row_stats=Tr
 
 
 def gate_up(x: torch.Tensor, stats: torch.Tensor, folded: torch.Tensor, fold: torch.Tensor, h: torch.Tensor,
-            approximate: str, shape_class: str, row_stats_eps: float | None = None) -> None:
+            approximate: str, shape_class: str, row_stats: tuple[torch.Tensor, float] | None = None) -> None:
     """h ← the GEGLU of LayerNorm(x)'s gate and up projections, from x [M, d], stats [2, M] (mean; 1/std),
-    folded [2·ff, d] and fold [2, 2·ff] (see the module docstring). With `row_stats_eps` (where
-    `computes_row_stats`), the GEMM computes the statistics into `stats` itself, with that eps."""
+    folded [2·ff, d] and fold [2, 2·ff] (see the module docstring). With `row_stats` (where
+    `computes_row_stats`: counters from `row_stats_counters`, and eps), the GEMM computes the statistics into
+    `stats` itself."""
     # QuACK loads its vectors from 16-byte boundaries: the statistics' second row starts on one only when M is a
     # multiple of 4 (the fold's, at 2·d_ff floats, always does); otherwise it is copied (one small kernel), which
     # a GEMM computing the statistics could not write through (`computes_row_stats` asks for such an M).
     rstd = stats[1:2] if stats.shape[1] % 4 == 0 else stats[1:2].clone()
     kwargs = dict(mean=stats[0:1], rstd=rstd, colsum=fold[0:1], shift=fold[1:2])
-    if row_stats_eps is None:
+    if row_stats is None:
         epilogue = FOLDED_LN_GEGLU_TANH if approximate == "tanh" else FOLDED_LN_GEGLU_ERF
     else:
+        assert stats.shape[1] % 4 == 0, "a GEMM computing the statistics writes 1/std in place: M % 4 == 0 only"
         epilogue = FOLDED_LN_GEGLU_TANH_ROW_STATS if approximate == "tanh" else FOLDED_LN_GEGLU_ERF_ROW_STATS
-        kwargs.update(ln_x=x, ln_counters=row_stats_counters(x.device), ln_eps=float(row_stats_eps))
+        counters, eps = row_stats
+        kwargs.update(ln_x=x, ln_counters=counters, ln_eps=float(eps))
     epilogue(x, folded.T, out={"h": h}, store_d=False, config=GATE_UP_CONFIGS[shape_class], tuned=False, **kwargs)
 
 
-_ROW_STATS_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+# Counter pairs of `_row_stats_in_idle_warps`, carved from one zeroed block per device (made outside any graph
+# capture): one pair per stream for eager calls, which a stream runs one after another, and a pair of its own
+# for each call captured into a CUDA graph, so that graphs replayed at once never share one. 16384 pairs (128 KB)
+# cover a server's captures (batch sizes × layers); past them, captured calls take the statistics kernel.
+COUNTER_PAIRS = 16384
+_counter_blocks: dict[int, torch.Tensor] = {}
+_counters_used: dict[int, int] = {}
+_stream_counters: dict[tuple[int, int], torch.Tensor] = {}
 
 
-def row_stats_counters(device: torch.device) -> torch.Tensor:
-    """The two int32 counters of `_row_stats_in_idle_warps`, zero between calls, one pair per device and stream
-    (calls on one stream run one after the other; a graph keeps the pair of the stream it was captured on)."""
-    stream = torch.cuda.current_stream(device)
-    key = (stream.device_index, stream.cuda_stream)
-    if key not in _ROW_STATS_COUNTERS:
-        _ROW_STATS_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
-    return _ROW_STATS_COUNTERS[key]
+def row_stats_counters(device: torch.device) -> torch.Tensor | None:
+    """Two int32 counters, zero, for one gate/up launch computing the statistics on `device`'s current stream;
+    None where there are none to give (the first call on the device is being captured, or captures took them
+    all): the statistics kernel runs then."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    capturing = torch.cuda.is_current_stream_capturing()
+    if index not in _counter_blocks:
+        if capturing:
+            return None
+        _counter_blocks[index], _counters_used[index] = torch.zeros(2 * COUNTER_PAIRS, dtype=torch.int32,
+                                                                    device=device), 0
+        torch.cuda.synchronize(device)  # zero before any stream uses it
+    stream = torch.cuda.current_stream(device).cuda_stream
+    if not capturing and (index, stream) in _stream_counters:
+        return _stream_counters[index, stream]
+    if _counters_used[index] == COUNTER_PAIRS:
+        return None
+    used = _counters_used[index]
+    pair = _counter_blocks[index][2 * used:2 * used + 2]
+    _counters_used[index] = used + 1
+    if not capturing:
+        _stream_counters[index, stream] = pair
+    return pair
 
 
 # Rows of x (in elements) one statistics warp may take before its loads outlast gate/up's main loop; the seed
