@@ -5,9 +5,11 @@ kernel before gate/up (the op's path until now, `computes_row_stats` forced off)
              counter, and every CTA's epilogue acquiring it) -> seed 19.92-20.11 against 20.10-20.27
     second/  cefc975: counters that the last CTA zeroes, gate/up the op's first kernel -> 19.59-19.66 against
              20.22-20.30
-    third/   the final code: one statistics warp per CTA acquires the count and lets the epilogue through a named
+    third/   4e308db: one statistics warp per CTA acquires the count and lets the epilogue through a named
              barrier, and counts the CTA past the wait, off the epilogue's critical path -> 19.25-19.30 against
              20.19-20.24
+    fourth/  e3141a1 (final): counters per stream and per captured call, the CTA's statistics warps all arrived
+             before it counts itself done, a bounded wait -> 19.26-19.32 against 20.21-20.22
 
 Why: the statistics kernel's programs hold every SM's registers for ~1 µs, and a gate/up CTA needs a whole SM,
 so gate/up's start waits for them (twelfth run: ~0.9 µs of the seed's 20.1-20.4). Each idle warp reads about 3 rows
