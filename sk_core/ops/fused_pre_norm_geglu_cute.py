@@ -27,6 +27,7 @@ pre-activations for the backward).
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
 import inspect
@@ -164,6 +165,7 @@ class KernelTensor(EpiOp):
         # `ColVecLoadAfterPrimary.config_key` does.
         return (self.shape, self.divisibility, STATS_CHUNKS_PER_LANE, MAX_POLLS, STATS_WARPS_BARRIER,
                 ROW_STATS_BARRIER, _source_digest(KernelTensor, _row_stats_of, _row_stats, _publish_row_stats,
+                                                  _setmaxregister_decrease_then_row_stats,
                                                   _row_stats_in_idle_warps))
 
     def host_fake_arg(self, key, fctx):
@@ -280,6 +282,25 @@ def _publish_row_stats(x: cute.Tensor, mean: cute.Tensor, rstd: cute.Tensor, cou
             cute.arch.store(counters.iterator + 1, Int32(0), sem="relaxed", scope="gpu")
 
 
+# The GEMM (a `_row_stats_in_idle_warps` class) whose kernel this thread is tracing, if any: QuACK's SM90 kernel
+# calls `cute.arch.setmaxregister_decrease` in its producer warps only, and nothing of QuACK's runs in three of
+# them after it, so that call is where their statistics code is traced in. The call is wrapped once, here; the
+# wrapper adds nothing to any other kernel (a context variable, so that threads tracing at once do not mix).
+_tracing_row_stats: contextvars.ContextVar = contextvars.ContextVar("_tracing_row_stats", default=None)
+
+
+def _setmaxregister_decrease_then_row_stats(*args, _decrease=cute.arch.setmaxregister_decrease, **kwargs):
+    _decrease(*args, **kwargs)
+    gemm = _tracing_row_stats.get()
+    if gemm is not None:
+        gemm._row_stats_in_producer_warps()
+
+
+if not getattr(cute.arch.setmaxregister_decrease, "_sk_row_stats", False):  # once, should this module reload
+    _setmaxregister_decrease_then_row_stats._sk_row_stats = True
+    cute.arch.setmaxregister_decrease = _setmaxregister_decrease_then_row_stats
+
+
 @functools.cache
 def _row_stats_in_idle_warps(gemm_cls):
     """`gemm_cls` computing LayerNorm's row statistics itself, in the three warps of its producer warpgroup that
@@ -293,8 +314,8 @@ def _row_stats_in_idle_warps(gemm_cls):
     computes the statistics itself. The counters (`row_stats_counters`) are zero between calls: the last CTA done
     (counted in `ln_counters[1]`) zeroes both, and the next call's warps, waiting for the kernel before them,
     count only after this grid ended.
-    The warps start once QuACK's `setmaxregister_decrease` gives the producers their 40 registers: the call is
-    wrapped while the kernel is traced, as nothing else of QuACK's runs in those warps."""
+    The warps start once QuACK's `setmaxregister_decrease` gives the producers their 40 registers (see
+    `_tracing_row_stats`)."""
     class GemmWithRowStats(gemm_cls):
         def epi_get_smem_tensors(self, params, storage):
             assert not self.pingpong, "statistics in idle warps: cooperative configs only (one epilogue a CTA)"
@@ -331,16 +352,11 @@ def _row_stats_in_idle_warps(gemm_cls):
             trace_and_launch = launcher.launch
 
             def launch(*launch_args, **launch_kwargs):
-                decrease = cute.arch.setmaxregister_decrease
-
-                def decrease_then_row_stats(*a, **k):
-                    decrease(*a, **k)
-                    self._row_stats_in_producer_warps()
-                cute.arch.setmaxregister_decrease = decrease_then_row_stats
+                tracing = _tracing_row_stats.set(self)
                 try:
                     return trace_and_launch(*launch_args, **launch_kwargs)
                 finally:
-                    cute.arch.setmaxregister_decrease = decrease
+                    _tracing_row_stats.reset(tracing)
             launcher.launch = launch
             return launcher
 
