@@ -207,6 +207,56 @@ def test_gpu_statistics_in_gate_up_across_calls_grids_and_streams(stats_kernel_l
         assert rel_err(y, want) < TOL[torch.bfloat16] and rel_err(y_other, want) < TOL[torch.bfloat16]
 
 
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("switch", ["CUTE", "FOLD_LN"])
+def test_gpu_switches_keep_the_triton_gemms(switch, cute_calls, monkeypatch):
+    """SK_GEGLU_CUTE=0, and inference without the fold (SK_GEGLU_FOLD_LN=0, inference-mode weights, traced
+    calls), run the Triton GEMMs; so do explicit configs (the benchmark's sweeps)."""
+    m, d, ff = 1024, 768, 1448
+    params = make_params(d, ff, device="cuda", dtype=torch.bfloat16)
+    x = make_x(m, d, torch.bfloat16, "cuda")
+    monkeypatch.setattr(geglu, switch, False)
+    with torch.no_grad():
+        y = sk.ops.fused_pre_norm_geglu(x, *params, EPS)
+    assert cute_calls == []
+    assert rel_err(y, fp64_block(x, *params)) < TOL[torch.bfloat16]
+    folded, fold = geglu._fold(*params[:6], torch.bfloat16)
+    geglu._forward_kernels(x, *params[:2], folded, params[3], None, *params[5:], EPS, "none", False,
+                           geglu.choose_configs(m, d, ff), fold=fold)
+    assert cute_calls == []
+
+
+@pytest.mark.gpu
+@needs_cute
+def test_gpu_training_keeps_the_triton_gemms(cute_calls):
+    params = [p.requires_grad_() for p in make_params(768, 1448, device="cuda")]
+    x = make_x(1024, 768, torch.bfloat16, "cuda")
+    sk.ops.fused_pre_norm_geglu(x, *params, EPS).sum().backward()
+    assert cute_calls == [] and params[2].grad is not None
+
+
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("m,d,ff", [(1024, 768, 1448), (8192, 2048, 16384)])
+def test_gpu_cute_gemms_replay_from_a_cuda_graph(m, d, ff, cute_calls):
+    """Captured once, replayed on new inputs copied into the static one: the eager call's bits each time."""
+    params = make_params(d, ff, device="cuda", dtype=torch.bfloat16)
+    static_x = make_x(m, d, torch.bfloat16, "cuda")
+    with torch.no_grad():
+        sk.ops.fused_pre_norm_geglu(static_x, *params, EPS)  # compiles and caches the folded weights
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = sk.ops.fused_pre_norm_geglu(static_x, *params, EPS)
+        for seed in (2, 3):
+            x = make_x(m, d, torch.bfloat16, "cuda", seed=seed)
+            static_x.copy_(x)
+            static_y.fill_(float("nan"))
+            graph.replay()
+            assert torch.equal(static_y, sk.ops.fused_pre_norm_geglu(x, *params, EPS))
+    assert set(cute_calls) == {"gate_up", "down"}
+
+
 _GATE_UP_PTX = f"""
 import sys, torch
 sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
