@@ -698,10 +698,11 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     ff = wd.shape[1]
     dtype, dev = x2.dtype, x2.device
     y = torch.empty((m, d), dtype=dtype, device=dev)
+    stats = torch.empty((2, m), dtype=torch.float32, device=dev)
     xn = torch.empty((m, d) if save_for_backward else 0, dtype=dtype, device=dev)
     gu = torch.empty((m, 2 * ff) if save_for_backward else 0, dtype=dtype, device=dev)
     if m == 0:
-        return y, torch.empty((2, 0), dtype=torch.float32, device=dev), xn, gu
+        return y, stats, xn, gu
     gate_up, down = configs or choose_configs(
         m, d, ff, "training" if save_for_backward else "prologue" if fold is None else "folded")
     cute_gemms = _cute_gemms_for(dev, m, d, ff, fold is not None and configs is None)
@@ -713,11 +714,9 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
         # Gate/up computes the statistics itself, in warps that would otherwise idle, so it is the op's first
         # kernel: seed 19.3 µs against 20.2 with the statistics kernel before it
         # (results/h200/geglu/2026-12-01/thirteenth-run/experiments/third/).
-        stats = torch.empty((2, m), dtype=torch.float32, device=dev)
         cute_gemms.gate_up(x2, stats, wg, fold, h, approximate, size_class, row_stats=(counters, eps))
         cute_gemms.down(h, wd, bd, x2, y, size_class)
         return y, stats, xn, gu
-    stats = torch.empty((2, m), dtype=torch.float32, device=dev)
     pdl = PDL and cute_gemms is None and gate_up.dependent_launch != "none"
     # QuACK's GEMMs launch dependently and wait for the kernel before them (gate/up in its epilogue, see
     # `fused_pre_norm_geglu_cute`), so the statistics kernel may let gate/up launch at its start there too: its

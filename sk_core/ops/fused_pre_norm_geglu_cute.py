@@ -164,7 +164,8 @@ class KernelTensor(EpiOp):
         # With the source of the code that reads these tensors and its constants, as
         # `ColVecLoadAfterPrimary.config_key` does.
         return (self.shape, self.divisibility, STATS_CHUNKS_PER_LANE, MAX_POLLS, STATS_WARPS_BARRIER,
-                ROW_STATS_BARRIER, _source_digest(KernelTensor, _row_stats_of, _row_stats, _publish_row_stats,
+                ROW_STATS_BARRIER, _source_digest(KernelTensor, _row_stats_of, _store_row_stats, _row_stats,
+                                                  _publish_row_stats,
                                                   _setmaxregister_decrease_then_row_stats,
                                                   _row_stats_in_idle_warps))
 
@@ -219,6 +220,16 @@ def _row_stats_of(x_row: cute.Tensor, d: Int32, eps: Float32, lane: Int32, chunk
 
 
 @cute.jit
+def _store_row_stats(x: cute.Tensor, mean: cute.Tensor, rstd: cute.Tensor, eps: Float32, row: Int32, lane: Int32,
+                     chunks: cute.Tensor):
+    """`_row_stats_of` x's row `row`, stored by lane 0."""
+    row_mean, row_rstd = _row_stats_of(x[row, None], cute.size(x, mode=[1]), eps, lane, chunks)
+    if lane == 0:
+        mean[0, row] = row_mean
+        rstd[0, row] = row_rstd
+
+
+@cute.jit
 def _row_stats(x: cute.Tensor, mean: cute.Tensor, rstd: cute.Tensor, counters: cute.Tensor, eps: Float32,
                stats_warp: Int32, stats_warps_per_cta: cutlass.Constexpr[int]):
     """mean and 1/std of x's rows [first, first + n) for this warp, n = ⌈M / all statistics warps⌉, stored by
@@ -227,19 +238,15 @@ def _row_stats(x: cute.Tensor, mean: cute.Tensor, rstd: cute.Tensor, counters: c
     grid, block = cute.arch.grid_dim(), cute.arch.block_idx()
     ctas = grid[0] * grid[1] * grid[2]
     cta = block[0] + grid[0] * (block[1] + grid[1] * block[2])
-    m, d = cute.size(x, mode=[0]), cute.size(x, mode=[1])
+    m = cute.size(x, mode=[0])
     rows_per_warp = (m + ctas * stats_warps_per_cta - 1) // (ctas * stats_warps_per_cta)
     first = (cta * stats_warps_per_cta + stats_warp) * rows_per_warp
     chunks = cute.make_rmem_tensor((8, STATS_CHUNKS_PER_LANE), x.element_type)
     # x may be the output of the kernel this one launched behind (programmatic dependent launch).
     cute.arch.griddepcontrol_wait()
     for r in cutlass.range(rows_per_warp, unroll=1):
-        row = first + r
-        if row < m:
-            row_mean, row_rstd = _row_stats_of(x[row, None], d, eps, lane, chunks)
-            if lane == 0:
-                mean[0, row] = row_mean
-                rstd[0, row] = row_rstd
+        if first + r < m:
+            _store_row_stats(x, mean, rstd, eps, first + r, lane, chunks)
     release_add(counters.iterator, lane, 0, 1)
 
 
@@ -267,13 +274,9 @@ def _publish_row_stats(x: cute.Tensor, mean: cute.Tensor, rstd: cute.Tensor, cou
             polls = polls + 1
     count = cute.arch.shuffle_sync(count, 0)
     if count != expected:
-        m, d = cute.size(x, mode=[0]), cute.size(x, mode=[1])
         chunks = cute.make_rmem_tensor((8, STATS_CHUNKS_PER_LANE), x.element_type)
-        for row in cutlass.range(m, unroll=1):
-            row_mean, row_rstd = _row_stats_of(x[row, None], d, eps, lane, chunks)
-            if lane == 0:
-                mean[0, row] = row_mean
-                rstd[0, row] = row_rstd
+        for row in cutlass.range(cute.size(x, mode=[0]), unroll=1):
+            _store_row_stats(x, mean, rstd, eps, row, lane, chunks)
     cute.arch.sync_warp()
     ready.arrive()
     if lane == 0:
@@ -438,7 +441,7 @@ def row_stats_counters(device: torch.device) -> torch.Tensor | None:
     """Two int32 counters, zero, for one gate/up launch computing the statistics on `device`'s current stream;
     None where there are none to give (the first call on the device is being captured, or captures took them
     all): the statistics kernel runs then."""
-    index = torch.cuda.current_device() if device.index is None else device.index
+    index = _device_index(device)
     capturing = torch.cuda.is_current_stream_capturing()
     if index not in _counter_blocks:
         if capturing:
@@ -478,9 +481,13 @@ def computes_row_stats(m: int, d: int, ff: int, shape_class: str, device: torch.
             and _cdiv(m, 3 * clusters * cluster) * d <= ROW_STATS_ELEMENTS_PER_WARP)
 
 
+def _device_index(device: torch.device) -> int:
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
 def _max_active_clusters(cluster_size: int, device: torch.device) -> int:
     """How many clusters of `cluster_size` CTAs of QuACK's SM90 GEMM are resident on `device` at once."""
-    return _max_active_clusters_on(cluster_size, torch.cuda.current_device() if device.index is None else device.index)
+    return _max_active_clusters_on(cluster_size, _device_index(device))
 
 
 @functools.cache
