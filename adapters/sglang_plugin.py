@@ -5,11 +5,11 @@ launcher, every scheduler/TP process). Importing `sk.adapters.sglang` is the use
 on, so the entry point must not import it unless the switch (SK_ADAPTERS, inherited from the launching process)
 is already on: installing standardkernels alone leaves SGLang stock.
 """
-from sk.adapters import _common
+from sk import reports
 
 
 def register() -> None:
-    if _common.is_active("sglang"):
+    if reports.is_active("sglang"):
         from sk.adapters.sglang import register as register_sglang
 
         register_sglang()

@@ -108,19 +108,15 @@ def rel_err(out, ref):
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def switched_off(fn, module, flag):
-    """`fn` with `module.flag` False while it runs: the A/B of one of the op's switches (`geglu.FOLD_LN`: the
-    gate/up kernel normalizing in its prologue, as in training, instead of using weights with the LayerNorm
-    scale folded in; `geglu.PDL`: kernels launched in plain stream order; `geglu.CUTE`: the Triton GEMMs where
-    QuACK's would run; `step_graphs.ENABLED`: training steps launched from Python, not replayed). Read at
-    launch, so a graph capturing `fn` captures the switched-off op."""
+def switched_off(fn, setting):
+    """`fn` with the `sk.settings` switch `setting` off while it runs: the A/B of one of the op's switches
+    (`geglu_fold_ln`: the gate/up kernel normalizing in its prologue, as in training, instead of using weights
+    with the LayerNorm scale folded in; `geglu_pdl`: kernels launched in plain stream order; `geglu_cute`: the
+    Triton GEMMs where QuACK's would run; `step_graphs`: training steps launched from Python, not replayed).
+    Read at launch, so a graph capturing `fn` captures the switched-off op."""
     def run():
-        saved = getattr(module, flag)
-        setattr(module, flag, False)
-        try:
+        with sk.settings.override(**{setting: False}):
             return fn()
-        finally:
-            setattr(module, flag, saved)
     return run
 
 
@@ -135,18 +131,18 @@ def bench_inference(name, m, d, ff, with_compile):
                                                                          for a in args])
         row["rel_err_ours_vs_fp64"] = rel_err(ours()[rows], ref64)
         row["rel_err_eager_bf16_vs_fp64"] = rel_err(eager()[rows], ref64)
-        unfolded = switched_off(ours, geglu, "FOLD_LN")
+        unfolded = switched_off(ours, "geglu_fold_ln")
         row["rel_err_ours_unfolded_vs_fp64"] = rel_err(unfolded()[rows], ref64)
         row["gate_up_config"], row["down_config"] = [dataclasses.asdict(c) for c in geglu.choose_configs(m, d, ff)]
-        row["gemms"] = "cute" if geglu._cute_gemms_for(x.device, m, d, ff, geglu.FOLD_LN) else "triton"
-        triton_gemms = switched_off(ours, geglu, "CUTE")
+        row["gemms"] = "cute" if geglu._cute_gemms_for(x.device, m, d, ff, sk.settings.get("geglu_fold_ln")) else "triton"
+        triton_gemms = switched_off(ours, "geglu_cute")
         row["rel_err_ours_triton_gemms_vs_fp64"] = rel_err(triton_gemms()[rows], ref64)
         def failed(variant, e):  # reported and left as NaN in the table, never silently missing
             print(f"[{name}] {variant} could not be timed:\n{''.join(traceback.format_exception(e))}", flush=True)
             row.setdefault("failures", {})[variant] = f"{type(e).__name__}: {e}"
         times = side_by_side_us({"ours_graph_us": ours, "ours_triton_gemms_graph_us": triton_gemms,
                                  "ours_unfolded_graph_us": unfolded,
-                                 "ours_no_pdl_graph_us": switched_off(ours, geglu, "PDL"), "eager_graph_us": eager},
+                                 "ours_no_pdl_graph_us": switched_off(ours, "geglu_pdl"), "eager_graph_us": eager},
                                 calls_per_replay=CALLS_PER_REPLAY, on_error=failed)
         row.update({variant: float("nan") if us is None else us for variant, us in times.items()})
         row.update(time_eager_us({"ours_eager_us": ours, "eager_us": eager}))
@@ -194,7 +190,7 @@ def bench_training(m, d, ff):
     row["step_graph_mib"] = (torch.cuda.memory_reserved() - reserved) / 2**20
     row.update(time_eager_us({
         "eager_step_us": training_step(block, x, grad), "ours_step_us": ours_step,
-        "ours_no_replay_step_us": switched_off(training_step(ours, x, grad), step_graphs, "ENABLED")}, repeats=20))
+        "ours_no_replay_step_us": switched_off(training_step(ours, x, grad), "step_graphs")}, repeats=20))
     row.update(time_eager_us({"eager_step_with_update_us": step_after_update(block),
                               "ours_step_with_update_us": step_after_update(ours)}, repeats=20))
     row["eager_torch_graphed_step_us"] = torch_graphed_step_us(block, x, grad)
@@ -264,7 +260,7 @@ def sweep(shape_name, m, d, ff, kinds=("gate_up", "down", "dependent_launch")):
     block = block.to(torch.bfloat16)
     ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps = op_args(block)
     # As inference runs the op: the LayerNorm scale folded into the gate/up weights (unless SK_GEGLU_FOLD_LN=0).
-    folded = geglu._folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, x.dtype) if geglu.FOLD_LN else None
+    folded = geglu._folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, x.dtype) if sk.settings.get("geglu_fold_ln") else None
     base_gu, base_down = geglu.choose_configs(m, d, ff, "folded" if folded is not None else "prologue")
     gate_up_weights = (wg, wu, None) if folded is None else (folded[0], None, folded[1])
 
@@ -365,7 +361,7 @@ def profile_cases(names):
     cases["training step, seed: ours"] = profile_per_step(captured(training_step(ours, x, grad)),
                                                           steps=PROFILE_STEPS)
     cases["training step, seed: ours, no replay"] = profile_per_step(
-        switched_off(training_step(ours, x, grad), step_graphs, "ENABLED"), steps=PROFILE_STEPS)
+        switched_off(training_step(ours, x, grad), "step_graphs"), steps=PROFILE_STEPS)
     cases["training step, seed: eager"] = profile_per_step(training_step(block, x, grad), steps=PROFILE_STEPS)
     return cases
 
@@ -463,7 +459,7 @@ def main(argv=None):
                 if args.use_sweep_best:
                     # the table the sweep timed: the folded gate/up kernel's, or (SK_GEGLU_FOLD_LN=0) the prologue's
                     table = (geglu.DOWN_CONFIGS if kind == "down" else
-                             geglu.GATE_UP_CONFIGS if geglu.FOLD_LN else geglu.PROLOGUE_GATE_UP_CONFIGS)
+                             geglu.GATE_UP_CONFIGS if sk.settings.get("geglu_fold_ln") else geglu.PROLOGUE_GATE_UP_CONFIGS)
                     cls = geglu.shape_class(*SHAPES[name])
                     best_cfg = geglu.GemmConfig(**best["config"])
                     # Tiles and launch mode are swept apart: each kind replaces only what it varied.

@@ -8,8 +8,8 @@
 """
 __version__ = "0.1.0"
 
-from sk import coverage, cuda_graphs, nn, ops  # noqa: E402
+from sk import coverage, cuda_graphs, nn, ops, reports, settings  # noqa: E402
 from sk.coverage import CoverageError  # noqa: E402
 from sk.warmup import warmup  # noqa: E402
 
-__all__ = ["ops", "nn", "cuda_graphs", "coverage", "CoverageError", "warmup", "__version__"]
+__all__ = ["ops", "nn", "cuda_graphs", "coverage", "settings", "reports", "CoverageError", "warmup", "__version__"]

@@ -25,10 +25,9 @@ from typing import Iterable, Iterator, Sequence
 import torch
 import yaml
 
+from sk import settings
+
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64"}
-# Set before import (as Triton requires), this makes the kernels run on CPU tensors through Triton's
-# interpreter: that is how CI tests the kernels themselves without a GPU.
-TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 class CoverageError(RuntimeError):
@@ -75,7 +74,7 @@ def markdown_table() -> str:
 
 # ----------------------------------------------------------------------------------------------- strict mode
 
-_strict = contextvars.ContextVar("sk_strict", default=os.environ.get("SK_STRICT") == "1")
+_strict = contextvars.ContextVar("sk_strict", default=settings.get("strict"))
 
 
 @contextlib.contextmanager
@@ -147,7 +146,7 @@ def miss_reason(op: str, x: torch.Tensor, *, shape_miss: str | None = None, back
     if not backward and not entry.inference:
         return "no inference kernel published"
     if x.device.type == "cpu":
-        if not TRITON_INTERPRET:
+        if not settings.get("triton_interpret"):
             return "CPU tensor: the kernels need a CUDA GPU (TRITON_INTERPRET=1 runs them interpreted, for testing)"
     elif x.device.type == "cuda":
         arch = _arch_of(x.device)

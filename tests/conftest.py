@@ -10,9 +10,19 @@ import torch
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
+import contextlib  # noqa: E402
+
 import pytest  # noqa: E402
 
 import sk  # noqa: E402
+
+
+@pytest.fixture
+def settings_override():
+    """`settings_override(name=value, ...)`: `sk.settings.override` for the rest of the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **values: stack.enter_context(sk.settings.override(**values))
+
 
 @pytest.fixture(autouse=True)
 def _fresh_coverage_record():

@@ -13,9 +13,9 @@ from sk.ops.rms_norm import rms_norm_reference
 
 
 @pytest.fixture
-def no_interpreter(monkeypatch):
+def no_interpreter(settings_override):
     """CPU tensors as on a user's machine: no Triton interpreter, so every CPU call falls back."""
-    monkeypatch.setattr(coverage, "TRITON_INTERPRET", False)
+    settings_override(triton_interpret=False)
 
 
 def last_fallback():

@@ -18,7 +18,7 @@ import sk
 from numerics import KERNEL_DEVICE, rel_err
 
 geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
-INTERPRETED_CPU = KERNEL_DEVICE == "cpu" and sk.coverage.TRITON_INTERPRET
+INTERPRETED_CPU = KERNEL_DEVICE == "cpu" and sk.settings.get("triton_interpret")
 needs_interpreter = pytest.mark.skipif(not INTERPRETED_CPU, reason="needs TRITON_INTERPRET=1 on a CPU-only machine")
 EPS = 1e-5
 NAMES = ("ln_weight", "ln_bias", "gate_weight", "gate_bias", "up_weight", "up_bias", "down_weight", "down_bias")
@@ -481,10 +481,10 @@ GPU_SHAPES = [(1, 768, 1448), (7, 768, 1448), (1000, 768, 1448), (1024, 768, 144
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,d,ff", GPU_SHAPES)
 @pytest.mark.parametrize("fold", [True, False], ids=["folded", "prologue"])
-def test_gpu_forward_bf16(m, d, ff, fold, monkeypatch):
+def test_gpu_forward_bf16(m, d, ff, fold, settings_override):
     """fold=False: inference as it runs where the fold is off (weights made under inference mode, traced
     calls, SK_GEGLU_FOLD_LN=0): x normalized in the gate/up kernel's prologue, with its own configs."""
-    monkeypatch.setattr(geglu, "FOLD_LN", fold)
+    settings_override(geglu_fold_ln=fold)
     params = make_params(d, ff, device="cuda", seed=m + d + ff)
     x = make_x(m, d, torch.bfloat16, "cuda", seed=m)
     poison_allocator((m, d), (m, ff))
@@ -553,14 +553,14 @@ def test_gpu_split_k_is_deterministic_across_calls_and_graph_replays():
     assert rel_err(first, fp64_block(x, *params)) < TOL[torch.bfloat16]
 
 
-def pdl_graph_gives_stream_order_bits(calls, monkeypatch):
+def pdl_graph_gives_stream_order_bits(calls, settings_override):
     """`calls()` (a list of outputs) launched in plain stream order, against the same calls launched dependently
     (`PDL`) in one CUDA graph, replayed three times onto poisoned outputs: the bits must be equal. Returns the
     stream-order outputs."""
-    monkeypatch.setattr(importlib.import_module("sk.ops._step_graphs"), "ENABLED", False)  # every call launches
-    monkeypatch.setattr(geglu, "PDL", False)
-    want = calls()
-    monkeypatch.setattr(geglu, "PDL", True)
+    settings_override(step_graphs=False)  # every call launches
+    with sk.settings.override(geglu_pdl=False):
+        want = calls()
+    settings_override(geglu_pdl=True)
     calls()  # compiles the PDL variants before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -577,7 +577,7 @@ def pdl_graph_gives_stream_order_bits(calls, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,d,ff,training", [(1, 768, 1448, False), (1, 768, 1448, True), (32, 2048, 16384, False),
                                              (32, 2048, 16384, True), (1000, 768, 1448, True)])
-def test_gpu_dependent_launch_gives_the_stream_order_bits(m, d, ff, training, monkeypatch):
+def test_gpu_dependent_launch_gives_the_stream_order_bits(m, d, ff, training, settings_override):
     """With programmatic dependent launch each kernel starts before the one it depends on has finished; a read
     before its gdc_wait would see stale statistics, h or arrival counters. Many back-to-back calls in one graph,
     each into its own buffers (reused by later calls, as a real graph's pool does), must give the bits of calls
@@ -591,7 +591,7 @@ def test_gpu_dependent_launch_gives_the_stream_order_bits(m, d, ff, training, mo
         with torch.no_grad() if not training else torch.enable_grad():
             return [sk.ops.fused_pre_norm_geglu(x.requires_grad_(training), *params, EPS).detach() for x in xs * 5]
 
-    want = pdl_graph_gives_stream_order_bits(calls, monkeypatch)
+    want = pdl_graph_gives_stream_order_bits(calls, settings_override)
     assert all(torch.equal(a, b) for a, b in zip(calls(), want))  # and launched eagerly
 
 
@@ -599,7 +599,7 @@ def test_gpu_dependent_launch_gives_the_stream_order_bits(m, d, ff, training, mo
 @pytest.mark.parametrize("m,d,ff,training", [(1024, 768, 1448, False), (1000, 768, 1448, False),
                                              (4097, 768, 1448, False), (32, 2048, 16384, False),
                                              (1000, 768, 1448, True)])
-def test_gpu_chained_calls_read_the_previous_calls_output(m, d, ff, training, monkeypatch):
+def test_gpu_chained_calls_read_the_previous_calls_output(m, d, ff, training, settings_override):
     """The op's first kernel launches dependently on the kernel before it, which in a stack of blocks is the
     previous block's down GEMM writing this block's x: it must wait for that kernel before reading x, and, where
     it is the statistics kernel, let gate/up (whose main loop reads x) launch only after that. Calls chained
@@ -620,7 +620,7 @@ def test_gpu_chained_calls_read_the_previous_calls_output(m, d, ff, training, mo
                     torch.cuda.synchronize()
         return outs
 
-    want = pdl_graph_gives_stream_order_bits(chain, monkeypatch)
+    want = pdl_graph_gives_stream_order_bits(chain, settings_override)
     assert all(out.isfinite().all() for out in want)
     assert all(torch.equal(a, b) for a, b in zip(chain(synchronized=True), want))
 

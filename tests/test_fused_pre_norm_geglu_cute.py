@@ -209,14 +209,14 @@ def test_gpu_statistics_in_gate_up_across_calls_grids_and_streams(stats_kernel_l
 
 @pytest.mark.gpu
 @needs_cute
-@pytest.mark.parametrize("switch", ["CUTE", "FOLD_LN"])
-def test_gpu_switches_keep_the_triton_gemms(switch, cute_calls, monkeypatch):
+@pytest.mark.parametrize("switch", ["geglu_cute", "geglu_fold_ln"])
+def test_gpu_switches_keep_the_triton_gemms(switch, cute_calls, settings_override):
     """SK_GEGLU_CUTE=0, and inference without the fold (SK_GEGLU_FOLD_LN=0, inference-mode weights, traced
     calls), run the Triton GEMMs; so do explicit configs (the benchmark's sweeps)."""
     m, d, ff = 1024, 768, 1448
     params = make_params(d, ff, device="cuda", dtype=torch.bfloat16)
     x = make_x(m, d, torch.bfloat16, "cuda")
-    monkeypatch.setattr(geglu, switch, False)
+    settings_override(**{switch: False})
     with torch.no_grad():
         y = sk.ops.fused_pre_norm_geglu(x, *params, EPS)
     assert cute_calls == []

@@ -1,6 +1,7 @@
 """The package under both names, and the README's coverage table matching the coverage data."""
 import importlib
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -48,3 +49,12 @@ def test_importing_an_op_file_by_either_name_keeps_the_op_function():
     importlib.import_module("standardkernels.ops.rms_norm")
     importlib.import_module("sk.ops.act_and_mul")
     assert callable(sk.ops.rms_norm) and callable(sk.ops.silu_and_mul)
+
+
+def test_the_core_does_not_import_the_adapters():
+    """Dependencies point one way: sk.adapters builds on sk_core/, never the reverse (sk-serve is an adapter)."""
+    root = pathlib.Path(__file__).parents[1]
+    offenders = [f"{path.relative_to(root)}:{n}" for path in (root / "sk_core").rglob("*.py")
+                 for n, line in enumerate(path.read_text().splitlines(), 1)
+                 if re.search(r"^\s*(from|import)\s+(sk|standardkernels)\.adapters\b|from\s+sk\s+import\s+adapters", line)]
+    assert offenders == []

@@ -18,9 +18,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True)
-def _cpu_takes_the_fallback(monkeypatch):
+def _cpu_takes_the_fallback(settings_override):
     if DEVICE == "cpu":
-        monkeypatch.setattr(sk.coverage, "TRITON_INTERPRET", False)
+        settings_override(triton_interpret=False)
 
 
 class MyGEGLUBlock(torch.nn.Module):

@@ -38,9 +38,9 @@ def batches(n, seed=1):
              torch.randn(M, D, device="cuda", generator=gen).to(torch.bfloat16)) for _ in range(n)]
 
 
-def train(module, data, monkeypatch, *, replay):
+def train(module, data, settings_override, *, replay):
     """SGD steps on `data`; returns each step's output, input grad and parameter grads."""
-    monkeypatch.setattr(step_graphs, "ENABLED", replay)
+    settings_override(step_graphs=replay)
     opt = torch.optim.SGD(module.parameters(), lr=1e-4)  # small enough that six steps stay finite
     seen = []
     for x, dy in data:
@@ -61,14 +61,14 @@ def assert_same_bits(got, want):
 
 
 @pytest.mark.gpu
-def test_gpu_replayed_training_steps_give_the_eager_bits_and_see_optimizer_updates(fresh_step_graphs, monkeypatch):
+def test_gpu_replayed_training_steps_give_the_eager_bits_and_see_optimizer_updates(fresh_step_graphs, settings_override):
     data = batches(6)
-    eager = train(make_module(), [(x.detach().clone().requires_grad_(), dy) for x, dy in data], monkeypatch,
+    eager = train(make_module(), [(x.detach().clone().requires_grad_(), dy) for x, dy in data], settings_override,
                   replay=False)
     assert not fresh_step_graphs._slots
     sk.coverage.reset()
     module = make_module()  # kept: a freed parameter frees its signature's slots
-    replayed = train(module, data, monkeypatch, replay=True)
+    replayed = train(module, data, settings_override, replay=True)
     # Steps 3..6 replayed (after CAPTURE_AFTER eager ones), each after an SGD step changed every master in place.
     assert_same_bits(replayed, eager)
     assert all(torch.isfinite(t).all() for step in eager for t in step)
@@ -78,14 +78,14 @@ def test_gpu_replayed_training_steps_give_the_eager_bits_and_see_optimizer_updat
 
 
 @pytest.mark.gpu
-def test_gpu_two_forwards_before_one_backward_take_two_slots(fresh_step_graphs, monkeypatch):
+def test_gpu_two_forwards_before_one_backward_take_two_slots(fresh_step_graphs, settings_override):
     module = make_module()
     data = batches(3)
-    train(module, data, monkeypatch, replay=True)  # captured on the third step
+    train(module, data, settings_override, replay=True)  # captured on the third step
     (x1, dy1), (x2, dy2) = batches(2, seed=5)
     outputs = []
     for replay in (True, False):
-        monkeypatch.setattr(step_graphs, "ENABLED", replay)
+        settings_override(step_graphs=replay)
         for x in (x1, x2):
             x.grad = None
         module.zero_grad(set_to_none=True)
@@ -100,9 +100,9 @@ def test_gpu_two_forwards_before_one_backward_take_two_slots(fresh_step_graphs, 
 
 
 @pytest.mark.gpu
-def test_gpu_outputs_and_gradients_are_never_overwritten_by_later_replays(fresh_step_graphs, monkeypatch):
+def test_gpu_outputs_and_gradients_are_never_overwritten_by_later_replays(fresh_step_graphs, settings_override):
     module = make_module()
-    monkeypatch.setattr(step_graphs, "ENABLED", True)
+    settings_override(step_graphs=True)
     kept = []
     for x, dy in batches(6):
         y = module(x)
@@ -115,10 +115,10 @@ def test_gpu_outputs_and_gradients_are_never_overwritten_by_later_replays(fresh_
 
 
 @pytest.mark.gpu
-def test_gpu_backward_twice_with_retain_graph(fresh_step_graphs, monkeypatch):
+def test_gpu_backward_twice_with_retain_graph(fresh_step_graphs, settings_override):
     module = make_module()
     data = batches(4)
-    train(module, data[:3], monkeypatch, replay=True)
+    train(module, data[:3], settings_override, replay=True)
     x, dy = data[3]
     module.zero_grad(set_to_none=True)
     y = module(x)
@@ -131,22 +131,22 @@ def test_gpu_backward_twice_with_retain_graph(fresh_step_graphs, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_a_reassigned_parameter_is_a_new_signature(fresh_step_graphs, monkeypatch):
+def test_gpu_a_reassigned_parameter_is_a_new_signature(fresh_step_graphs, settings_override):
     module = make_module()
     data = batches(4)
-    train(module, data[:3], monkeypatch, replay=True)
+    train(module, data[:3], settings_override, replay=True)
     module.gate.weight = torch.nn.Parameter(torch.randn_like(module.gate.weight) * D ** -0.5)
     x, dy = data[3]
     y = module(x)  # the captured graph reads the old tensor's memory: it must not be replayed
-    monkeypatch.setattr(step_graphs, "ENABLED", False)
+    settings_override(step_graphs=False)
     assert torch.equal(y, module(x))
 
 
 @pytest.mark.gpu
-def test_gpu_a_caller_capturing_its_own_graph_gets_the_kernels(fresh_step_graphs, monkeypatch):
+def test_gpu_a_caller_capturing_its_own_graph_gets_the_kernels(fresh_step_graphs, settings_override):
     module = make_module()
-    train(module, batches(3), monkeypatch, replay=True)
-    monkeypatch.setattr(step_graphs, "ENABLED", True)
+    train(module, batches(3), settings_override, replay=True)
+    settings_override(step_graphs=True)
     x = batches(1, seed=3)[0][0].detach()
     static_x = x.clone().requires_grad_()
     stream = torch.cuda.Stream()
@@ -158,17 +158,17 @@ def test_gpu_a_caller_capturing_its_own_graph_gets_the_kernels(fresh_step_graphs
     with torch.cuda.graph(graph):
         static_y = module(static_x)
     graph.replay()
-    monkeypatch.setattr(step_graphs, "ENABLED", False)
+    settings_override(step_graphs=False)
     assert torch.equal(static_y, module(x.requires_grad_()))  # the training forward, launched eagerly
 
 
 @pytest.mark.gpu
-def test_gpu_parameters_changed_between_forward_and_backward(fresh_step_graphs, monkeypatch):
+def test_gpu_parameters_changed_between_forward_and_backward(fresh_step_graphs, settings_override):
     """Written in place after the forward: autograd raises, as for the eager call. Moved to other memory (as
     FSDP's resharding does): that backward runs eagerly and gives the eager bits."""
     module = make_module()
     data = batches(4)
-    train(module, data[:3], monkeypatch, replay=True)
+    train(module, data[:3], settings_override, replay=True)
     x, dy = data[3]
     y = module(x)
     with torch.no_grad():
@@ -177,7 +177,7 @@ def test_gpu_parameters_changed_between_forward_and_backward(fresh_step_graphs, 
         y.backward(dy)
     grads = []
     for replay in (True, False):
-        monkeypatch.setattr(step_graphs, "ENABLED", replay)
+        settings_override(step_graphs=replay)
         module.zero_grad(set_to_none=True)
         y = module(x)
         moved_from = module.down.weight.data_ptr()
@@ -190,7 +190,7 @@ def test_gpu_parameters_changed_between_forward_and_backward(fresh_step_graphs, 
 
 
 @pytest.mark.gpu
-def test_gpu_activation_checkpointing_runs_the_op_eagerly(fresh_step_graphs, monkeypatch):
+def test_gpu_activation_checkpointing_runs_the_op_eagerly(fresh_step_graphs, settings_override):
     """Under torch.utils.checkpoint (saved-tensor hooks) the op never replays: checkpointing decides what is kept,
     and its recomputation must see the same calls as the first pass."""
     module = make_module()
@@ -201,7 +201,7 @@ def test_gpu_activation_checkpointing_runs_the_op_eagerly(fresh_step_graphs, mon
         torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False).backward(dy)
         got.append(x.grad.clone())
     assert not fresh_step_graphs._slots
-    monkeypatch.setattr(step_graphs, "ENABLED", False)
+    settings_override(step_graphs=False)
     for (x, dy), g in zip(data, got):
         x.grad = None
         module(x).backward(dy)
@@ -209,9 +209,9 @@ def test_gpu_activation_checkpointing_runs_the_op_eagerly(fresh_step_graphs, mon
 
 
 @pytest.mark.gpu
-def test_gpu_large_steps_are_not_replayed(fresh_step_graphs, monkeypatch):
+def test_gpu_large_steps_are_not_replayed(fresh_step_graphs, monkeypatch, settings_override):
     monkeypatch.setattr(geglu, "STEP_GRAPH_MAX_WORK", M * D * FF - 1)
-    train(make_module(), batches(4), monkeypatch, replay=True)
+    train(make_module(), batches(4), settings_override, replay=True)
     assert not fresh_step_graphs._slots
 
 
@@ -238,7 +238,7 @@ def _ctx():
     return step_graphs._SavedContext((True, True, False))
 
 
-def fake_step_graphs(monkeypatch, fail=False):
+def fake_step_graphs(monkeypatch, settings_override, fail=False):
     """StepGraphs over a stand-in op (y = 7, dx = 2·dy, dw = 3·dy) whose captures are stand-ins too (no GPU):
     what is left is the bookkeeping of signatures, slots, parameters and copies."""
     def setup_context(ctx, inputs, output):
@@ -252,7 +252,7 @@ def fake_step_graphs(monkeypatch, fail=False):
     for name, stand_in in (("is_current_stream_capturing", lambda: False), ("current_device", lambda: None),
                            ("current_stream", lambda: None)):  # CPU builds have no CUDA
         monkeypatch.setattr(torch.cuda, name, stand_in)
-    monkeypatch.setattr(step_graphs, "ENABLED", True)
+    settings_override(step_graphs=True)
 
     def capture(inputs, needs_input_grad):
         if fail:
@@ -266,8 +266,8 @@ def fake_step_graphs(monkeypatch, fail=False):
     return steps, backward
 
 
-def test_signatures_are_captured_after_repeated_eager_calls_and_slots_are_reused(monkeypatch):
-    steps, _ = fake_step_graphs(monkeypatch)
+def test_signatures_are_captured_after_repeated_eager_calls_and_slots_are_reused(monkeypatch, settings_override):
+    steps, _ = fake_step_graphs(monkeypatch, settings_override)
     w = torch.randn(3)
     call = (torch.randn(3), w, 0.5)
     assert [steps.forward(_ctx(), call) for _ in range(step_graphs.CAPTURE_AFTER)] == [None, None]
@@ -293,8 +293,8 @@ def test_signatures_are_captured_after_repeated_eager_calls_and_slots_are_reused
     assert steps.forward(_ctx(), (torch.randn(3), w, 0.25)) is None
 
 
-def test_parameters_changed_between_forward_and_backward(monkeypatch):
-    steps, eager_backward = fake_step_graphs(monkeypatch)
+def test_parameters_changed_between_forward_and_backward(monkeypatch, settings_override):
+    steps, eager_backward = fake_step_graphs(monkeypatch, settings_override)
     w = torch.randn(3)
     call = (torch.randn(3), w, 0.5)
     for _ in range(step_graphs.CAPTURE_AFTER):
@@ -308,8 +308,8 @@ def test_parameters_changed_between_forward_and_backward(monkeypatch):
     assert steps.forward(_ctx(), call) is None  # at its new address it is another signature
 
 
-def test_a_freed_parameter_frees_its_signatures_slots(monkeypatch):
-    steps, _ = fake_step_graphs(monkeypatch)
+def test_a_freed_parameter_frees_its_signatures_slots(monkeypatch, settings_override):
+    steps, _ = fake_step_graphs(monkeypatch, settings_override)
     w = torch.randn(3)
     for _ in range(step_graphs.CAPTURE_AFTER + 1):
         steps.forward(_ctx(), (torch.randn(3), w, 0.5))
@@ -318,8 +318,8 @@ def test_a_freed_parameter_frees_its_signatures_slots(monkeypatch):
     assert not steps._slots
 
 
-def test_saved_tensor_hooks_and_another_device_run_eagerly(monkeypatch):
-    steps, _ = fake_step_graphs(monkeypatch)
+def test_saved_tensor_hooks_and_another_device_run_eagerly(monkeypatch, settings_override):
+    steps, _ = fake_step_graphs(monkeypatch, settings_override)
     call = (torch.randn(3), torch.randn(3), 0.5)
     for _ in range(step_graphs.CAPTURE_AFTER):
         steps.forward(_ctx(), call)
@@ -331,8 +331,8 @@ def test_saved_tensor_hooks_and_another_device_run_eagerly(monkeypatch):
     assert steps.forward(_ctx(), call) is not None
 
 
-def test_a_failed_capture_warns_and_leaves_the_signature_eager(monkeypatch):
-    steps, _ = fake_step_graphs(monkeypatch, fail=True)
+def test_a_failed_capture_warns_and_leaves_the_signature_eager(monkeypatch, settings_override):
+    steps, _ = fake_step_graphs(monkeypatch, settings_override, fail=True)
     call = (torch.randn(3), torch.randn(3), 0.5)
     for _ in range(step_graphs.CAPTURE_AFTER):
         steps.forward(_ctx(), call)
@@ -342,8 +342,8 @@ def test_a_failed_capture_warns_and_leaves_the_signature_eager(monkeypatch):
     assert not steps._slots  # and it holds no place among MAX_SIGNATURES
 
 
-def test_signatures_beyond_the_limit_run_eagerly(monkeypatch):
-    steps, _ = fake_step_graphs(monkeypatch)
+def test_signatures_beyond_the_limit_run_eagerly(monkeypatch, settings_override):
+    steps, _ = fake_step_graphs(monkeypatch, settings_override)
     monkeypatch.setattr(step_graphs, "MAX_SIGNATURES", 2)
     calls = [(torch.randn(3), torch.randn(3), 0.5) for _ in range(3)]
     for call in calls:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-from sk.adapters import _common
+from sk import reports
 
 ENGINE = "sglang"
 REPORT_KEY = "standardkernels"  # the key of our report in each scheduler's internal state
@@ -30,7 +30,7 @@ _registration: dict | None = None
 
 def activate() -> None:
     """Switch the adapter on in this process and every process started from it later (done at import)."""
-    _common.activate(ENGINE)
+    reports.activate(ENGINE)
 
 
 activate()
@@ -49,28 +49,29 @@ def register() -> None:
         build = check_installed_sglang()
     except UnsupportedSglangError as e:
         _registration = {"refused": str(e)}
-        _common.write_report_at_exit(ENGINE, report)
+        reports.write_report_at_exit(ENGINE, report)
         logger.error("%s", e)
         if sk.coverage.is_strict():
             raise SystemExit(f"standardkernels (SK_STRICT=1): {e}") from e
         raise
     _registration = {"sglang": build, "replaced": install_hooks(report_to_caller)}
-    _common.write_report_at_exit(ENGINE, report)
+    reports.set_report_builder(report)
+    reports.write_report_at_exit(ENGINE, report)
     logger.info("standardkernels active in %s: %s", build, ", ".join(_registration["replaced"]))
 
 
 def report() -> dict:
-    """This process's adapter report (replaced layers, kernel calls, fallbacks); see sk.adapters._common."""
+    """This process's adapter report (replaced layers, kernel calls, fallbacks); see sk.reports."""
     registration = _registration or {}
     extra = {"active": "replaced" in registration, "process_title": _process_title()}
     extra.update({k: v for k, v in registration.items() if k in ("sglang", "refused")})
-    return _common.process_report(ENGINE, registration.get("replaced", {}), _tensor_parallel_rank(), extra)
+    return reports.process_report(ENGINE, registration.get("replaced", {}), _tensor_parallel_rank(), extra)
 
 
 def report_to_caller(internal_state: dict) -> None:
     """Write this process's report to $SK_REPORT_DIR and add it to the scheduler's answer to get_internal_state."""
     data = report()
-    _common.write_report(ENGINE, data)
+    reports.write_report(ENGINE, data)
     internal_state[REPORT_KEY] = data
 
 

@@ -1,6 +1,6 @@
-"""The SGLang part of `sk-serve --engine sglang MODEL [sglang server arguments...]` (sk.serve drives it).
+"""The SGLang part of `sk-serve --engine sglang MODEL [sglang server arguments...]` (sk.adapters.serve drives it).
 
-sk-serve starts the server in its own process group with SK_ADAPTERS/SK_REPORT_DIR/SK_STRICT set (sk.serve's
+sk-serve starts the server in its own process group with SK_ADAPTERS/SK_REPORT_DIR/SK_STRICT set (sk.adapters.serve's
 engine_env); this module says what to start, what to print first, and what to do before stopping:
   - `engine_command`: SGLang's HTTP server, `python -m sglang.launch_server --model-path MODEL ...`, with this
     interpreter (so it sees the same installation and our entry point);

@@ -17,7 +17,7 @@ import multiprocessing
 import re
 import sys
 
-from sk.adapters import _common
+from sk import reports
 
 ENGINE = "vllm"
 # Under vLLM's logger namespace so that its handler prints our line with the process prefix in every process.
@@ -29,13 +29,13 @@ _registration: dict | None = None
 
 def activate() -> None:
     """Switch the adapter on for engines created from now on in this process and its children."""
-    _common.activate(ENGINE)
+    reports.activate(ENGINE)
 
 
 def register() -> None:
     """vLLM's plugin entry point: replace the layers in this process when the adapter is switched on."""
     global _registration
-    if _registration is not None or not _common.is_active(ENGINE):
+    if _registration is not None or not reports.is_active(ENGINE):
         return
     from sk.adapters.vllm.ir_providers import PROVIDER, register_providers
     from sk.adapters.vllm.layers import register_layers
@@ -47,20 +47,21 @@ def register() -> None:
         replaced[f"vllm.ir.ops.{op}"] = f"provider {PROVIDER!r} (first in IR op priority)"
     _forget_cached_gemma_activation()
     _registration = {"vllm": build, "replaced": replaced}
-    _common.write_report_at_exit(ENGINE, report)
+    reports.set_report_builder(report)
+    reports.write_report_at_exit(ENGINE, report)
     logger.info("standardkernels active in %s: %s", build, ", ".join(replaced))
 
 
 def report(_worker=None) -> dict:
-    """This process's adapter report (replaced layers, kernel calls, fallbacks); see sk.adapters._common.
+    """This process's adapter report (replaced layers, kernel calls, fallbacks); see sk.reports.
 
-    On request from a running engine: `llm.collective_rpc(sk.adapters.vllm.report)` returns one per worker
+    On request from a running engine: `llm.collective_rpc(sk.reports.current_report)` returns one per worker
     (vLLM passes the worker as the first argument, which the report does not need; shipping a function to
     the workers needs VLLM_ALLOW_INSECURE_SERIALIZATION=1).
     """
     if _registration is None:
-        return _common.process_report(ENGINE, {}, _tensor_parallel_rank(), {"active": False})
-    return _common.process_report(ENGINE, _registration["replaced"], _tensor_parallel_rank(),
+        return reports.process_report(ENGINE, {}, _tensor_parallel_rank(), {"active": False})
+    return reports.process_report(ENGINE, _registration["replaced"], _tensor_parallel_rank(),
                                   {"active": True, "vllm": _registration["vllm"]})
 
 

@@ -1,4 +1,4 @@
-"""The vLLM part of `sk-serve --engine vllm MODEL [vllm serve arguments...]` (sk.serve drives it).
+"""The vLLM part of `sk-serve --engine vllm MODEL [vllm serve arguments...]` (sk.adapters.serve drives it).
 
 Same interface as sk.adapters.sglang.serve: what to start, what to print first, what to do before stopping.
 """

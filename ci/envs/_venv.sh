@@ -7,6 +7,7 @@
 # The venv lives in ${SK_CACHE_DIR:-~/.cache/standardkernels}/NAME-<hash>, the hash taken over the lock, the
 # calling script and this file, so a changed pin or install step builds a fresh venv and an unchanged one is
 # reused as is. Everything is installed from the lock with --no-deps: what CI gets is exactly what was tested.
+# The checkout itself is installed editable (strict mode, see below), redone when its files change.
 # POST_INSTALL_FUNCTION (a shell function of the caller) runs once, with the venv path, after the install.
 # Progress goes to stderr; stdout carries only the path.
 
@@ -30,19 +31,19 @@ sk_locked_venv() {
         touch "$venv/.sk-complete"
     fi
 
-    # Redone whenever the venv points at another checkout (CI clones the repo afresh next to a reused venv).
-    if ! "$venv/bin/python" - "$repo" <<'EOF'
-import json, sys
-from importlib.metadata import distribution
-try:
-    url = json.loads(distribution("standardkernels").read_text("direct_url.json"))["url"]
-except Exception:
-    sys.exit(1)
-sys.exit(0 if url == "file://" + sys.argv[1] else 1)
-EOF
-    then
-        echo "[$name] installing $repo (editable) into $venv" >&2
-        "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$repo" >&2
+    # The checkout is installed in setuptools' strict editable mode: a tree of links to our files under
+    # build/__editable__.*, on sys.path through a .pth file, so that editors and type checkers resolve `sk.*`
+    # (pyproject.toml maps sk -> sk_core/, sk.adapters -> adapters/). Such a tree lists files, not folders:
+    # it is redone whenever the checkout, pyproject.toml or the set of package files changes.
+    local stamp
+    stamp=$(cd "$repo" && { echo "$repo"; cat pyproject.toml; git ls-files -co --exclude-standard -- \
+        sk_core adapters standardkernels models/trained 2>/dev/null || find sk_core adapters standardkernels \
+        models/trained -type f; } | sha256sum | cut -c1-16)
+    if [[ "$(cat "$venv/.sk-editable" 2>/dev/null)" != "$stamp" ]]; then
+        echo "[$name] installing $repo (strict editable) into $venv" >&2
+        "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation \
+            --config-settings editable_mode=strict -e "$repo" >&2
+        echo "$stamp" > "$venv/.sk-editable"
     fi
     echo "$venv"
 }

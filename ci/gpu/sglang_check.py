@@ -134,7 +134,7 @@ def run_engine(model: Path, with_adapter: bool, tp: int) -> dict:
 # ------------------------------------------------------------------------------------------ orchestration
 
 def run_variant(style: str, variant: str, tp: int, work: Path) -> dict:
-    from sk.adapters._common import read_reports
+    from sk.reports import read_reports
 
     report_dir = work / f"{style}-{variant}-reports"
     out = work / f"{style}-{variant}.json"
@@ -170,7 +170,7 @@ def http_json(url: str, body: dict | None = None, timeout: float = 60.0) -> dict
 
 def check_serve(work: Path) -> dict:
     """sk-serve --engine sglang: start, one completion, SIGINT; then exit status, reports, leftover processes."""
-    from sk.adapters._common import read_reports
+    from sk.reports import read_reports
     from sk.evals.gate import wait_for_server
     from sk.workflow.errors import WorkflowError
 
@@ -179,7 +179,7 @@ def check_serve(work: Path) -> dict:
     url = f"http://127.0.0.1:{SERVE_PORT}"
     env = {**os.environ, **ENGINE_ENV}
     env.pop("SK_ADAPTERS", None)  # sk-serve switches the adapter on itself
-    command = [sys.executable, "-m", "sk.serve", "--engine", "sglang", str(model), "--report-dir", str(report_dir),
+    command = [sys.executable, "-m", "sk.adapters.serve", "--engine", "sglang", str(model), "--report-dir", str(report_dir),
                "--port", str(SERVE_PORT), "--sampling-backend", "pytorch"]
     result: dict = {"command": " ".join(command[1:])}
     with open(log, "w") as f:

@@ -143,7 +143,7 @@ def run_engine(model: Path, tp: int) -> dict:
 # ------------------------------------------------------------------------------------------ orchestration
 
 def run_variant(style: str, variant: str, tp: int, work: Path) -> dict:
-    from sk.adapters._common import model_process_reports, read_reports
+    from sk.reports import model_process_reports, read_reports
 
     report_dir = work / f"{style}-{variant}-reports"
     out = work / f"{style}-{variant}.json"

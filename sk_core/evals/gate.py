@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -47,19 +46,18 @@ import urllib.request
 from collections import deque
 from pathlib import Path
 
+from sk import settings
 from sk.evals.task_data import TASK_FILES
-from sk.serve import GRACE_S, TERM_S
 
 TASKS = tuple(TASK_FILES)
 TOLERANCE = {"float32": 0.01, "bfloat16": 0.02, "float16": 0.02}
-# Removed from both runs' environments: only the candidate run switches our adapter on.
-_ADAPTER_VARIABLES = ("SK_ADAPTERS", "SK_STRICT", "SK_REPORT_DIR")
 VARIANTS = ("stock", "ours")
 # vLLM's CPU engine answers in 1-2 minutes, SGLang with CUDA graphs on the H200 in ~2 (2026-11-29); cold
 # compile caches take longer.
 SERVER_START_TIMEOUT_S = 900.0
-# sk-serve stops its engine within its own grace periods; then it sums the reports and exits.
-SERVER_STOP_TIMEOUT_S = GRACE_S + TERM_S + 30.0
+# sk-serve stops its engine within its own grace periods (40 s, sk.adapters.serve: GRACE_S + TERM_S); then it
+# sums the reports and exits (tests/evals/test_gate_server.py keeps the two in step).
+SERVER_STOP_TIMEOUT_S = 70.0
 # Requests per HTTP call to the server; a batch is scored as separate sequences, so results do not depend on it.
 SERVER_BATCH_SIZE = 32
 
@@ -113,7 +111,7 @@ def server_engine_args(scenario, enforce_eager: bool) -> list[str]:
 def sk_serve_command(scenario, model: str, variant: str, port: int, report_dir: Path, enforce_eager: bool,
                      ) -> list[str]:
     stock = ["--no-sk"] if variant == "stock" else []
-    return [sys.executable, "-m", "sk.serve", "--engine", scenario.engine, model, *stock,
+    return [sys.executable, "-m", "sk.adapters.serve", "--engine", scenario.engine, model, *stock,
             f"--report-dir={report_dir}", "--host=127.0.0.1", f"--port={port}",
             *server_engine_args(scenario, enforce_eager)]
 
@@ -166,7 +164,7 @@ def run_in_process(scenario, model: str, variant: str, out_dir: Path, base_env: 
                    args: argparse.Namespace) -> tuple[dict, dict]:
     """lm-eval's vllm backend in a child process: (its output, how it ran)."""
     model_args = lm_eval_model_args(scenario, model, args.enforce_eager)
-    env = base_env | ({"SK_ADAPTERS": "vllm", **extra} if variant == "ours" else {})
+    env = base_env | ({settings.env_name("adapters"): "vllm", **extra} if variant == "ours" else {})
     return run_lm_eval("vllm", model_args, out_dir, env, args.limit), {"backend": "vllm", "model_args": model_args}
 
 
@@ -174,7 +172,7 @@ def run_via_server(scenario, model: str, variant: str, out_dir: Path, base_env: 
                    args: argparse.Namespace) -> tuple[dict, dict]:
     """sk-serve, lm-eval's local-completions against it, SIGINT: (lm-eval's output with the model processes'
     adapter reports, how it ran)."""
-    from sk.adapters._common import model_process_reports, read_reports
+    from sk.reports import model_process_reports, read_reports
 
     port, report_dir, log = free_port(), out_dir / "reports", out_dir / "server.log"
     command = sk_serve_command(scenario, model, variant, port, report_dir, args.enforce_eager)
@@ -248,11 +246,11 @@ def max_loglikelihood_difference(stock: list[dict], ours: list[dict]) -> float |
 
 def candidate_activity(reports: list[dict]) -> dict:
     """Our adapter's reports, one per engine worker, merged: replaced layers and op calls (kernel + fallback)."""
-    from sk.adapters import _common
+    from sk.reports import merge_reports
 
     if not reports:
         return {"workers": 0, "replaced": {}, "op_calls": {}}
-    merged = _common.merge_reports(reports)
+    merged = merge_reports(reports)
     calls = dict(merged["coverage"]["kernel_calls"])
     for fallback in merged["coverage"]["fallbacks"]:
         calls[fallback["op"]] = calls.get(fallback["op"], 0) + fallback["count"]
@@ -327,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     out_root = args.out or Path(tempfile.mkdtemp(prefix="sk-gate-"))
-    base_env = {k: v for k, v in os.environ.items() if k not in _ADAPTER_VARIABLES}
+    # Only the candidate run switches our adapter on.
+    base_env = settings.stock_environment()
     base_env |= {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     passed, summary = True, []
     try:

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from sk.adapters._common import is_active
+from sk.reports import current_report, is_active
 from sk.evals.task_data import TASK_FILES, TASKS_DIR
 
 
@@ -37,9 +37,7 @@ def main(job_path: str) -> None:
                                          log_samples=True)
     reports = []
     if ask_workers:
-        from sk.adapters.vllm import report
-
-        reports = lm.model.collective_rpc(report)
+        reports = [r for r in lm.model.collective_rpc(current_report) if r is not None]
     out = {"results": evaluation["results"], "samples": evaluation["samples"], "adapter_reports": reports}
     Path(job["out"]).write_text(json.dumps(out, default=str))
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from sk import settings
 from sk.models.tokenizer import SPECIAL_TOKENS, VOCAB_SIZE, write_byte_tokenizer
 
 # Bump when the files written for the same parameters change, so caches are rebuilt.
@@ -54,7 +55,7 @@ class TinyModelSpec:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("SK_CACHE_DIR", Path.home() / ".cache" / "standardkernels")) / "models"
+    return settings.get("cache_dir") / "models"
 
 
 def tiny_model(spec: TinyModelSpec = TinyModelSpec(), cache_dir: Path | None = None) -> Path:

@@ -32,16 +32,14 @@ up to `MAX_SIGNATURES` signatures per op; a signature's slots are freed when one
 """
 from __future__ import annotations
 
-import os
 import warnings
 import weakref
 from typing import Callable, Sequence
 
 import torch
 
-from sk import coverage
+from sk import coverage, settings
 
-ENABLED = os.environ.get("SK_STEP_GRAPHS", "1") == "1"
 CAPTURE_AFTER = 2  # eager calls of a signature before it is captured: shapes seen once never pay a capture
 SLOTS = 2  # a training loop's next forward usually starts while the last step's graph is still referenced
 MAX_SIGNATURES = 32
@@ -114,7 +112,7 @@ class StepGraphs:
     def forward(self, ctx, inputs: tuple) -> torch.Tensor | None:
         """The op's result from a replay (and `ctx` ready for `backward`), or None: the caller runs it eagerly."""
         device = inputs[self.activations[0]].device
-        if (not ENABLED or device.index != torch.cuda.current_device() or torch.cuda.is_current_stream_capturing()
+        if (not settings.get("step_graphs") or device.index != torch.cuda.current_device() or torch.cuda.is_current_stream_capturing()
                 or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None):
             return None
         signature = self._signature(inputs, ctx.needs_input_grad)

@@ -51,7 +51,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import os
 import warnings
 import weakref
 from typing import Optional
@@ -63,7 +62,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from sk import coverage
+from sk import coverage, settings
 from sk.ops._common import FLOAT_DTYPES, check_float, check_same_device
 from sk.ops._step_graphs import StepGraphs
 
@@ -106,7 +105,7 @@ def _ln_stats_kernel(
     PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # PDL: launched while the kernel before it finishes (which may be writing x), this waits for it before
-    # touching memory, then lets the gate/up kernel launch (programmatic dependent launch; see `PDL`).
+    # touching memory, then lets the gate/up kernel launch (programmatic dependent launch; see `_pdl_on`).
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -401,7 +400,7 @@ class GemmConfig:
     group_m: int = 8
     split_k: int = 1
     swap_ab: bool = False  # W·xᵀ rather than x·Wᵀ, for tiles of fewer than 64 rows (gate/up: inference only)
-    # Gate/up only (see `PDL`): "none" (plain stream order), "after_stores" (the down kernel launches as the
+    # Gate/up only (see `_pdl_on`): "none" (plain stream order), "after_stores" (the down kernel launches as the
     # gate/up programs finish) or "at_start" (once every gate/up program has started; its programs then wait).
     dependent_launch: str = "none"
     # Gate/up only: programs_per_sm > 0 launches at most that many programs per SM, each walking several tiles
@@ -565,8 +564,7 @@ def compute_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 # Inference calls fold the LayerNorm scale into cached gate/up weights (`_folded_gate_up`), so that the gate/up
 # kernel is a plain GEMM (both operands from shared memory). It costs a second copy of those weights per dtype;
-# SK_GEGLU_FOLD_LN=0 turns it off (then inference runs as training's forward does).
-FOLD_LN = os.environ.get("SK_GEGLU_FOLD_LN", "1") == "1"
+# SK_GEGLU_FOLD_LN=0 (`sk.settings`, "geglu_fold_ln") turns it off (then inference runs as training's forward does).
 _folds: dict = {}
 _read_by_graphs: dict = {}
 
@@ -636,7 +634,7 @@ def _fold(ln_w, ln_b, wg, bg, wu, bu, dtype):
 
 # ----------------------------------------------------------------------------------------------- launchers
 
-CHECK_DESCRIPTORS = coverage.TRITON_INTERPRET  # see _descriptor
+CHECK_DESCRIPTORS = settings.get("triton_interpret")  # see _descriptor
 # Programmatic dependent launch (Hopper), where the gate/up config's `dependent_launch` asks for it: the gate/up
 # and down kernels are launched while the kernel before them still runs, so that their launch and set-up (and,
 # with the fold, gate/up's whole GEMM) overlap it; each waits (gdc_wait) before touching what that kernel
@@ -645,11 +643,16 @@ CHECK_DESCRIPTORS = coverage.TRITON_INTERPRET  # see _descriptor
 # overlaps the caller's kernels: what it gains is its own launch, hidden behind the end of the kernel before
 # (where that kernel lets dependents launch early, as QuACK's down GEMM does after its tile loop). Gate/up then
 # reads x through L2, where the finished kernel's writes are (the PTX model promises them only to the grid that
-# waited). Not in the interpreter (no inline PTX); SK_GEGLU_PDL=0 turns it off.
-PDL = os.environ.get("SK_GEGLU_PDL", "1") == "1" and not coverage.TRITON_INTERPRET
+# waited). Not in the interpreter (no inline PTX); SK_GEGLU_PDL=0 (`sk.settings`, "geglu_pdl") turns it off.
+def _pdl_on() -> bool:
+    return settings.get("geglu_pdl") and not settings.get("triton_interpret")
+
+
 # QuACK's CuTe-DSL GEMMs (`fused_pre_norm_geglu_cute`) run inference on folded weights in the shape classes they
-# have configs for, where they can run (see `_cute_gemms_on`); SK_GEGLU_CUTE=0 keeps the Triton GEMMs there too.
-CUTE = os.environ.get("SK_GEGLU_CUTE", "1") == "1" and not coverage.TRITON_INTERPRET
+# have configs for, where they can run (see `_cute_gemms_on`); SK_GEGLU_CUTE=0 ("geglu_cute") keeps the Triton
+# GEMMs there too.
+def _cute_on() -> bool:
+    return settings.get("geglu_cute") and not settings.get("triton_interpret")
 
 
 @functools.lru_cache(maxsize=16)
@@ -669,8 +672,8 @@ def _cute_gemms_on(device: torch.device):
 
 def _cute_gemms_for(device: torch.device, m: int, d: int, ff: int, folded: bool):
     """The CuTe-DSL GEMM module if it takes this forward's GEMMs (inference on folded weights, in a shape class
-    it has configs for, where it runs, `CUTE` on), else None."""
-    if not (CUTE and folded):
+    it has configs for, where it runs, `_cute_on()`), else None."""
+    if not (folded and _cute_on()):
         return None
     cute_gemms = _cute_gemms_on(device)
     return cute_gemms if cute_gemms is not None and shape_class(m, d, ff) in cute_gemms.GATE_UP_CONFIGS else None
@@ -693,7 +696,7 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     """Run the three forward kernels. Returns (y, stats, xn, gu); xn and gu are empty unless saving.
     With `fold` (from `_folded_gate_up`; inference only, not with save_for_backward), wg is the folded gate/up
     weight that comes with it (rows interleaved) and wu is None; then, without explicit `configs`, QuACK's
-    GEMMs take the gate/up and down products where they run (`CUTE`)."""
+    GEMMs take the gate/up and down products where they run (`_cute_on()`)."""
     m, d = x2.shape
     ff = wd.shape[1]
     dtype, dev = x2.dtype, x2.device
@@ -717,14 +720,15 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
         cute_gemms.gate_up(x2, stats, wg, fold, h, approximate, size_class, row_stats=(counters, eps))
         cute_gemms.down(h, wd, bd, x2, y, size_class)
         return y, stats, xn, gu
-    pdl = PDL and cute_gemms is None and gate_up.dependent_launch != "none"
+    pdl_on = _pdl_on()
+    pdl = pdl_on and cute_gemms is None and gate_up.dependent_launch != "none"
     # QuACK's GEMMs launch dependently and wait for the kernel before them (gate/up in its epilogue, see
     # `fused_pre_norm_geglu_cute`), so the statistics kernel may let gate/up launch at its start there too: its
     # launch, set-up and main loop overlap the statistics (seed 22.2 µs against 22.5 with gate/up waiting before
     # its first load, results/h200/geglu/2026-12-01/tenth-run/experiments/stats_pdl.json). Its own dependent
-    # launch (see `PDL`): seed 20.15 µs against 20.52 in stream order, decode 58.8 against 58.9, prefill within
+    # launch (see `_pdl_on`): seed 20.15 µs against 20.52 in stream order, decode 58.8 against 58.9, prefill within
     # its spread (twelfth-run/experiments/stats_dependent_launch.json).
-    stats_pdl = PDL and (cute_gemms is not None or pdl)
+    stats_pdl = pdl_on and (cute_gemms is not None or pdl)
     d_align, ff_align = _align(d), _align(ff)
     approx_tanh = approximate == "tanh"
     tiles = _cdiv(m, down.block_m) * _cdiv(d, down.block_n)
@@ -927,7 +931,7 @@ def _forward(
         y, stats, xn, gu = _reference_parts(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias,
                                             down_weight, down_bias, eps, approximate)
         return (y, stats) + ((xn, gu) if save_for_backward else (x.new_empty(0), x.new_empty(0)))
-    folded = None if save_for_backward or not FOLD_LN else _folded_gate_up(
+    folded = None if save_for_backward or not settings.get("geglu_fold_ln") else _folded_gate_up(
         ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, x.dtype)
     if folded is None:
         (wg, wu), fold = [_tma_ready(compute_weight(w, x.dtype)) for w in (gate_weight, up_weight)], None
@@ -1016,7 +1020,7 @@ def _backward(ctx, dy, *_):
 _fused_pre_norm_geglu_op.register_autograd(_backward, setup_context=_setup_op_context)
 
 
-_step_graphs = StepGraphs(OP, _forward, _setup_context, _backward, settings=lambda: (PDL,))
+_step_graphs = StepGraphs(OP, _forward, _setup_context, _backward, settings=lambda: (_pdl_on(),))
 # Training steps are replayed from CUDA graphs (see `_step_graphs.py`) up to this much work, m·d_model·d_ff:
 # there the host's launch cost (~0.3-2 ms a step) is above the kernels' time (18·m·d·ff FLOP, ~0.1 ms at 2^32)
 # and a slot's memory stays moderate (160 MiB at the seed shape, m·d·ff ≈ 2^30, growing about in proportion);

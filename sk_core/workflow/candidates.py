@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import os
 from pathlib import Path
 
+from sk import settings
 from sk.workflow.errors import WorkflowError
 from sk.workflow.operators import Operator
 
-CANDIDATE_DIR_ENV = "SK_CANDIDATE_DIR"
+CANDIDATE_DIR_ENV = settings.env_name("candidate_dir")
 
 
 def default_dir() -> Path:
-    return Path(os.environ.get(CANDIDATE_DIR_ENV, "candidates"))
+    return settings.get("candidate_dir")
 
 
 def candidate_path(directory: Path, op: Operator) -> Path:

@@ -7,7 +7,6 @@ it strict, write reports or load candidates are removed from the child's environ
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,13 +16,13 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from sk import settings
 from sk.workflow.candidates import CANDIDATE_DIR_ENV
 from sk.workflow.engine_job import EVENT_PREFIX, truncated_model_args
 from sk.workflow.errors import WorkflowError
 from sk.workflow.scenarios import Scenario
 
 _ERROR_LINE = re.compile(r"\b\w*(Error|Exception): ")
-_ADAPTER_VARIABLES = ("SK_ADAPTERS", "SK_STRICT", "SK_REPORT_DIR", CANDIDATE_DIR_ENV)
 
 
 def progress_bars() -> Progress:
@@ -47,7 +46,7 @@ def run_engine_job(scenario: Scenario, *, label: str, env: dict[str, str], log_p
             "enforce_eager": enforce_eager,
             "model_args": model_args, "max_requests": max_requests, "out": str(out_path),
         }))
-        child_env = {k: v for k, v in os.environ.items() if k not in _ADAPTER_VARIABLES} | env
+        child_env = settings.stock_environment(also=("candidate_dir",)) | env
         if candidates is not None:
             child_env[CANDIDATE_DIR_ENV] = str(candidates.resolve())
         task = progress.add_task(f"{label}: starting engine", total=None)

@@ -17,7 +17,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sk.adapters._common import merge_reports, model_process_reports, read_reports
+from sk import settings
+from sk.reports import merge_reports, model_process_reports, read_reports
 from sk.workflow import scenarios
 from sk.workflow.candidates import candidate_path, load_candidate
 from sk.workflow.engine_runner import progress_bars, run_engine_job
@@ -27,7 +28,7 @@ from sk.workflow.operators import OPERATORS
 from sk.workflow.workloads import Purpose, resolve
 
 SCHEMA = "standardkernels.eval/1"
-CANDIDATE_ENV = {"SK_ADAPTERS": "vllm"}
+CANDIDATE_ENV = {settings.env_name("adapters"): "vllm"}
 
 
 def first_divergence(baseline: list[list[int]], candidate: list[list[int]]) -> dict | None:
@@ -153,7 +154,7 @@ def run(scenario_file: str, out_dir: Path, *, enforce_eager: bool, max_layers: i
     for scenario in loaded:
         runs = {}
         with progress_bars() as progress, tempfile.TemporaryDirectory(prefix="sk-eval-reports-") as reports:
-            candidate_env = {} if candidates else CANDIDATE_ENV | {"SK_REPORT_DIR": reports}
+            candidate_env = {} if candidates else CANDIDATE_ENV | {settings.env_name("report_dir"): reports}
             for variant, env, folder in (("baseline", {}, None), ("candidate", candidate_env, candidates)):
                 runs[variant] = run_engine_job(
                     scenario, label=f"{variant} {scenario.model}", env=env, progress=progress, candidates=folder,

@@ -86,7 +86,7 @@ def test_before_stop_asks_for_server_info(serve, capsys):
 def test_sk_serve_without_sglang_says_so(capsys):
     import importlib.util
 
-    from sk.serve import main
+    from sk.adapters.serve import main
 
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("SGLang is installed in this Python")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sk.adapters._common import model_process_reports, read_reports
+from sk.reports import model_process_reports, read_reports
 
 # Tasks of sk.models.corpus (addition, reversal, bracket closing): in distribution, the logits are peaked.
 PROMPTS = ["add 478+95=", "rev kqzma=", "close ([{}(=", "rev standard="]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sk.adapters._common import model_process_reports, read_reports
+from sk.reports import model_process_reports, read_reports
 
 START_TIMEOUT_S = 300
 

@@ -32,7 +32,7 @@ def test_sglang_row_gives_the_sk_serve_command(tmp_path):
                                                       "engine_args: {mem_fraction_static: 0.3}"))
     command = gate.sk_serve_command(row, str(LLAMA), "stock", 8123, tmp_path / "reports", enforce_eager=True)
     assert command == [
-        sys.executable, "-m", "sk.serve", "--engine", "sglang", str(LLAMA), "--no-sk",
+        sys.executable, "-m", "sk.adapters.serve", "--engine", "sglang", str(LLAMA), "--no-sk",
         f"--report-dir={tmp_path / 'reports'}", "--host=127.0.0.1", "--port=8123",
         "--dtype=float32", "--kv-cache-dtype=auto", "--tp-size=2", "--random-seed=0", "--sampling-backend=pytorch",
         "--context-length=256", "--cuda-graph-backend-decode=disabled", "--cuda-graph-backend-prefill=disabled",
@@ -44,7 +44,7 @@ def test_sglang_row_gives_the_sk_serve_command(tmp_path):
 
 
 def test_sk_serve_splits_the_gate_command_as_meant(tmp_path):
-    from sk.serve import parse_args
+    from sk.adapters.serve import parse_args
 
     (row,) = scenarios.load(_scenario_file(tmp_path, "engine: sglang, max_model_len: 256"))
     command = gate.sk_serve_command(row, str(LLAMA), "stock", 8123, tmp_path, enforce_eager=False)
@@ -121,3 +121,9 @@ def test_server_path_passes_and_scores_as_in_process(tmp_path):
         for item, scores in by_engine.items():
             # Measured identical (fp32, CPU); the slack only absorbs a batch-shape rounding change.
             assert by_server[item] == pytest.approx(scores, abs=1e-4), (variant, item)
+
+
+def test_the_gate_waits_longer_than_sk_serve_takes_to_stop():
+    from sk.adapters import serve
+
+    assert gate.SERVER_STOP_TIMEOUT_S >= serve.GRACE_S + serve.TERM_S + 20

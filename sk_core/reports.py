@@ -1,11 +1,13 @@
-"""Engine-agnostic adapter plumbing: explicit activation through the environment, and per-process reports.
+"""Per-process adapter reports and the switch that turns an engine adapter on, engine-agnostic.
 
 Engines start their model-running processes themselves (spawned workers, schedulers, ranks), so the switch
-that turns an adapter on must be inherited by child processes: an environment variable, read by the adapter's
-entry point in each process. Installing the package alone changes nothing.
+that turns an adapter on must be inherited by child processes: an environment variable (SK_ADAPTERS, see
+`sk.settings`), read by the adapter's entry point in each process. Installing the package alone changes nothing.
 
 Each activated process writes one JSON report at exit into $SK_REPORT_DIR (when set): which engine layers
 were replaced, and the `sk.coverage` report (kernel calls per op, fallbacks with reasons) of that process.
+The adapters (`sk.adapters.*`) build and write them; the workflow, the gate and `sk-serve` read and merge them.
+While an engine runs, `current_report` returns the report of the process it runs in (for the engines' RPCs).
 """
 from __future__ import annotations
 
@@ -17,23 +19,40 @@ import os
 from pathlib import Path
 from typing import Callable, Iterable
 
-# Comma-separated engine names, e.g. SK_ADAPTERS=vllm or SK_ADAPTERS=vllm,sglang.
-ACTIVATION_ENV = "SK_ADAPTERS"
-# Directory that receives one report per activated process.
-REPORT_DIR_ENV = "SK_REPORT_DIR"
+from sk import settings
+
+# The environment variables that carry activation and the report folder to engine processes.
+ACTIVATION_ENV = settings.SETTINGS["adapters"].env
+REPORT_DIR_ENV = settings.SETTINGS["report_dir"].env
 REPORT_SCHEMA = "standardkernels.adapter-report/1"
+
+# Set by an adapter when it registers in this process: builds this process's report.
+_report_builder: Callable[[], dict] | None = None
 
 
 def is_active(engine: str) -> bool:
-    names = os.environ.get(ACTIVATION_ENV, "")
-    return engine in {n.strip() for n in names.split(",")}
+    return engine in settings.get("adapters")
 
 
 def activate(engine: str) -> None:
     """Turn the adapter for `engine` on in this process's environment, hence in every child started later."""
     if not is_active(engine):
-        names = [n for n in os.environ.get(ACTIVATION_ENV, "").split(",") if n.strip()]
-        os.environ[ACTIVATION_ENV] = ",".join([*names, engine])
+        os.environ[ACTIVATION_ENV] = ",".join([*settings.get("adapters"), engine])
+
+
+def set_report_builder(build: Callable[[], dict]) -> None:
+    """Called by the adapter active in this process: `current_report()` returns `build()` from now on."""
+    global _report_builder
+    _report_builder = build
+
+
+def current_report(_worker=None) -> dict | None:
+    """This process's adapter report, or None where no adapter registered here.
+
+    Engines call it in their workers on request (vLLM: `llm.collective_rpc(sk.reports.current_report)`, which
+    passes the worker as the first argument, unused here).
+    """
+    return _report_builder() if _report_builder is not None else None
 
 
 def process_report(engine: str, replaced: dict[str, str], rank: int | None, extra: dict | None = None) -> dict:
@@ -54,10 +73,10 @@ def process_report(engine: str, replaced: dict[str, str], rank: int | None, extr
 
 def write_report(engine: str, report: dict) -> Path | None:
     """Write `report` to $SK_REPORT_DIR/<engine>-<pid>.json; nothing when the variable is unset."""
-    directory = os.environ.get(REPORT_DIR_ENV)
-    if not directory:
+    directory = settings.get("report_dir")
+    if directory is None:
         return None
-    path = Path(directory) / f"{engine}-{os.getpid()}.json"
+    path = directory / f"{engine}-{os.getpid()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")
@@ -72,7 +91,7 @@ def write_report_at_exit(engine: str, build: Callable[[], dict]) -> None:
     os._exit, which skips atexit, and start with multiprocessing's finalizers cleared; so an after-fork hook
     re-arms a finalizer in each such child. Each process writes its own file, once.
     """
-    if not os.environ.get(REPORT_DIR_ENV):
+    if settings.get("report_dir") is None:
         return
     done: set[int] = set()
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 from types import ModuleType
 
-from sk.adapters import _common
+from sk import reports, settings
 from sk.adapters.vllm.serve import ENGINE_SHUTDOWN_S
 
 # How long the engine gets to stop by itself after our signal, then after SIGTERM to its whole process group.
@@ -51,13 +51,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def engine_env(args: argparse.Namespace) -> dict[str, str]:
     env = dict(os.environ)
-    names = [n for n in env.get(_common.ACTIVATION_ENV, "").split(",") if n.strip() and n != args.engine]
+    names = [n for n in settings.get("adapters") if n != args.engine]
     if not args.no_sk:
         names.append(args.engine)
-        env[_common.REPORT_DIR_ENV] = args.report_dir
-    env[_common.ACTIVATION_ENV] = ",".join(names)
+        env[reports.REPORT_DIR_ENV] = args.report_dir
+    env[reports.ACTIVATION_ENV] = ",".join(names)
     if args.strict:
-        env["SK_STRICT"] = "1"
+        env[settings.SETTINGS["strict"].env] = "1"
     return env
 
 
@@ -95,17 +95,17 @@ def _kill_leftovers(pgid: int) -> None:
 
 
 def print_reports(directory: str) -> None:
-    reports = _common.read_reports(directory)
-    if not reports:
+    found = reports.read_reports(directory)
+    if not found:
         print(f"sk-serve: no engine process wrote a report to {directory}", file=sys.stderr)
         return
-    print(f"sk-serve: standardkernels reports ({len(reports)} processes, {directory}):", file=sys.stderr)
-    for r in reports:
+    print(f"sk-serve: standardkernels reports ({len(found)} processes, {directory}):", file=sys.stderr)
+    for r in found:
         cov = r["coverage"]
         fallbacks = sum(f["count"] for f in cov["fallbacks"])
         print(f"  pid {r['pid']} {r['process']} rank={r['rank']}: kernel calls {cov['kernel_calls'] or '{}'}, "
               f"fallbacks {fallbacks}", file=sys.stderr)
-    for f in _common.merge_reports(reports)["coverage"]["fallbacks"]:
+    for f in reports.merge_reports(found)["coverage"]["fallbacks"]:
         print(f"  fallback {f['op']} shapes {f['shapes']} {'/'.join(f['dtypes'])} x{f['count']}: {f['reason']}",
               file=sys.stderr)
 
