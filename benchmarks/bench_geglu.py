@@ -6,7 +6,7 @@ at the seed shape against eager. bf16; µs per call, medians.
 
 Writes OUT_DIR/bench_geglu.json and OUT_DIR/bench_geglu.md (GPU, versions, date). `--sweep` also times
 candidate tile configs of our two GEMM kernels per shape (bench_geglu_sweep.json): how the configs in
-`sk/ops/fused_pre_norm_geglu.py` were chosen. `--profile` adds profile_geglu.md/.json: per call, each GPU
+`sk_core/ops/fused_pre_norm_geglu.py` were chosen. `--profile` adds profile_geglu.md/.json: per call, each GPU
 kernel's time (ours and eager, per shape) and, for the training step, the host-side ops by self time (the step
 is host-bound at the seed shape).
 """
@@ -411,7 +411,7 @@ def to_markdown(meta, rows, train):
     if train:
         t = train
         lines += ["", "Training step (forward + backward), FP32 masters, bf16 input, CUDA bf16 autocast, µs per step "
-                  "(`ours` replays the step from CUDA graphs after two eager calls, `sk/ops/_step_graphs.py`, "
+                  "(`ours` replays the step from CUDA graphs after two eager calls, `sk_core/ops/_step_graphs.py`, "
                   f"holding {t['step_graph_mib']:.0f} MiB for it; `no replay`: `SK_STEP_GRAPHS=0`):",
                   "",
                   "| M × D → FF | eager | ours | speedup | ours, no replay | speedup "

@@ -22,7 +22,7 @@ def cmd_list(args) -> int:
         return list_workloads()
     if args.map:
         return list_map(args.map, Path(args.captures))
-    if args.markdown:  # the README's table is this output (tests/test_coverage_table.py)
+    if args.markdown:  # the README's table is this output (tests/test_package.py)
         print(coverage.markdown_table())
         return 0
 

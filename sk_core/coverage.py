@@ -6,7 +6,7 @@ instead. `write_report(path)` writes what was recorded, for attaching to a reque
 
 Decisions and records happen inside the custom ops' eager implementations, so they run on every call, also
 under `torch.compile`; under CUDA-graph replay no Python runs, so a captured call is counted once, at capture.
-(An op replaying its own training-step graphs, `sk/ops/_step_graphs.py`, counts each replay instead.)
+(An op replaying its own training-step graphs, `sk_core/ops/_step_graphs.py`, counts each replay instead.)
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
     sys.meta_path.insert(0, _AliasFinder())
 sys.modules[__name__] = importlib.import_module(_TARGET)
 # Modules `sk` has loaded get their long names now: importing one through the finder would also rebind the
-# parent's attribute to the module (e.g. `sk.ops.rms_norm`, the function, to the file `sk/ops/rms_norm.py`).
+# parent's attribute to the module (e.g. `sk.ops.rms_norm`, the function, to the file `sk_core/ops/rms_norm.py`).
 for _name, _module in list(sys.modules.items()):
     if _name.startswith(_TARGET + "."):
         sys.modules.setdefault(_ALIAS + _name[len(_TARGET):], _module)

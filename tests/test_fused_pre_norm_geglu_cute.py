@@ -1,4 +1,4 @@
-"""fused_pre_norm_geglu's GEMMs through QuACK's CuTe-DSL kernels (sk/ops/fused_pre_norm_geglu_cute.py): on an
+"""fused_pre_norm_geglu's GEMMs through QuACK's CuTe-DSL kernels (sk_core/ops/fused_pre_norm_geglu_cute.py): on an
 SM90 GPU with QuACK installed (ci/gpu/cute.sh), inference on folded weights in the seed and prefill
 classes must run them, match fp64 math at odd shapes, dtypes, both GELUs and without biases, and replay from a
 CUDA graph; everywhere else the Triton GEMMs run."""

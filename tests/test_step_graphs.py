@@ -1,4 +1,4 @@
-"""Training steps replayed from CUDA graphs (`sk/ops/_step_graphs.py`), through the GEGLU op that uses them:
+"""Training steps replayed from CUDA graphs (`sk_core/ops/_step_graphs.py`), through the GEGLU op that uses them:
 replays give the eager path's bits, see in-place parameter updates, never overwrite what a caller holds, and
 stand aside where they cannot be exact."""
 import importlib

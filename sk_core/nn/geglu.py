@@ -10,7 +10,7 @@ in, cached the same way). Under CUDA BF16 autocast an FP32 input is converted
 for this op; outside autocast an FP32 input runs the PyTorch fallback, recorded in the coverage report.
 
 Training steps that repeat on CUDA (same input shape, same parameters) are replayed from CUDA graphs of the
-op's forward and backward after two eager calls, with the same results (see `sk/ops/_step_graphs.py`: what
+op's forward and backward after two eager calls, with the same results (see `sk_core/ops/_step_graphs.py`: what
 it keeps per shape — 160 MiB per block at the seed shape — and `SK_STEP_GRAPHS=0` to turn it off).
 """
 from __future__ import annotations

@@ -43,7 +43,7 @@ grads); dgrad and wgrad are cuBLAS GEMMs.
 Eager calls run the kernels through an autograd.Function (`_EagerFunction`); torch.compile and other
 tracing go through the `torch.library` custom ops (with fake implementations), which run the same code.
 Eager training steps that repeat (same shapes, same parameters) are replayed from CUDA graphs of the forward
-and the backward once seen twice (`sk/ops/_step_graphs.py`; `SK_STEP_GRAPHS=0` turns it off): at the seed
+and the backward once seen twice (`sk_core/ops/_step_graphs.py`; `SK_STEP_GRAPHS=0` turns it off): at the seed
 shape the step is otherwise bound by the host's launch work.
 """
 from __future__ import annotations

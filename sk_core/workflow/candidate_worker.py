@@ -12,17 +12,13 @@ baseline's own methods, which are copied onto the replacement.
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
 
 import torch
 
-from sk.workflow.candidates import CANDIDATE_DIR_ENV, candidate_path, load_candidate
+from sk import settings, vllm_oot
+from sk.workflow.candidates import candidate_path, load_candidate
 from sk.workflow.operators import OPERATORS
-
-# Every forward vLLM's CustomOp may bind at construction (one per platform).
-_FORWARDS = ("forward_native", "forward_cuda", "forward_hip", "forward_xpu", "forward_cpu", "forward_tpu",
-             "forward_oot")
 
 
 def _replacement(vllm_cls: type, candidate: type) -> type:
@@ -31,28 +27,22 @@ def _replacement(vllm_cls: type, candidate: type) -> type:
     for klass in reversed(own_classes):
         methods.update({k: v for k, v in vars(klass).items() if callable(v) and not k.startswith("__")})
     forward = methods.pop("forward")
-    methods.update(dict.fromkeys(_FORWARDS, forward))
-    return type(vllm_cls.__name__, (vllm_cls,), {**methods, "__module__": candidate.__module__})
+    return vllm_oot.replacement(vllm_cls, forward, methods, module=candidate.__module__)
 
 
 def _register_candidates(directory: Path) -> dict[str, str]:
-    from vllm.model_executor.custom_op import op_registry_oot
-
     replaced = {}
     for op in OPERATORS.values():
         if op.baseline is None or op.vllm_module is None or not candidate_path(directory, op).exists():
             continue
         vllm_cls = getattr(importlib.import_module(op.vllm_module), op.vllm_class)
-        if vllm_cls.__name__ in op_registry_oot:
-            raise RuntimeError(f"vLLM's {vllm_cls.__name__} is already replaced by another plugin; unset SK_ADAPTERS")
         ours = _replacement(vllm_cls, load_candidate(op, directory))
-        vllm_cls.register_oot(ours)
-        ours.name = vllm_cls.name  # register_oot renames it after the class; keep vLLM's op name
+        vllm_oot.register(vllm_cls, ours, f"the candidate {candidate_path(directory, op)} (unset SK_ADAPTERS)")
         replaced[vllm_cls.__name__] = str(candidate_path(directory, op))
     return replaced
 
 
-_replaced = _register_candidates(Path(os.environ[CANDIDATE_DIR_ENV]))
+_replaced = _register_candidates(settings.get("candidate_dir"))
 
 
 class CandidateLayers:

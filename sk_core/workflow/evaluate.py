@@ -145,7 +145,7 @@ def check_candidates(directory: Path) -> None:
 def run(scenario_file: str, out_dir: Path, *, enforce_eager: bool, max_layers: int | None,
         max_requests: int | None, candidates: Path | None, console: Console) -> bool:
     """Evaluate every scenario of the file, print the summaries, write JSON + PNG; True when all tokens match."""
-    settings = {"enforce_eager": enforce_eager, "max_layers": max_layers, "max_requests": max_requests}
+    run_settings = {"enforce_eager": enforce_eager, "max_layers": max_layers, "max_requests": max_requests}
     loaded = scenarios.load(scenario_file, engines=("vllm",))
     if candidates is not None:
         check_candidates(candidates)
@@ -158,19 +158,19 @@ def run(scenario_file: str, out_dir: Path, *, enforce_eager: bool, max_layers: i
             for variant, env, folder in (("baseline", {}, None), ("candidate", candidate_env, candidates)):
                 runs[variant] = run_engine_job(
                     scenario, label=f"{variant} {scenario.model}", env=env, progress=progress, candidates=folder,
-                    log_path=out_dir / "logs" / f"{stem}.{scenario.slug}.{variant}.log", **settings)
+                    log_path=out_dir / "logs" / f"{stem}.{scenario.slug}.{variant}.log", **run_settings)
             adapter = adapter_summary(Path(reports))
         rows = [compare_workload(token, runs["baseline"]["workloads"][token], runs["candidate"]["workloads"][token])
                 for token in scenario.workloads]
         passed = all(r["matches"] == r["sequences"] for r in rows)
         result = {"scenario": scenario.model_dump(), "correctness": "PASS" if passed else "FAIL", "rows": rows,
                   "adapter": adapter, "candidates_replaced": runs["candidate"]["candidates_replaced"],
-                  "environment": runs["baseline"]["environment"], "settings": settings}
+                  "environment": runs["baseline"]["environment"], "settings": run_settings}
         print_scenario(console, result)
         results.append(result)
     out_dir.mkdir(parents=True, exist_ok=True)
     document = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "scenario_file": str(scenario_file), "settings": settings,
+                "scenario_file": str(scenario_file), "settings": run_settings,
                 "candidate": f"candidate modules in {candidates}" if candidates else "standardkernels vLLM adapter",
                 "scenarios": results}
     json_path = out_dir / f"{stem}.json"
