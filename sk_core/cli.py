@@ -2,7 +2,8 @@
 workflow (workloads, capture, operator map, candidate stubs, kernel bench, end-to-end eval; sk.workflow).
 
 Bad input (unknown op, missing capture, malformed scenario, mismatched candidate) is a WorkflowError: its
-message is printed and the exit code is 2, without a traceback."""
+message is printed and the exit code is 2, without a traceback. Bad option values (a count below 1, an output
+folder that is a file) are refused by argparse (sk.argtypes), also with exit code 2, before any work starts."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,8 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+from sk.argtypes import output_dir, positive_int
 
 console = Console(width=160)
 
@@ -119,7 +122,7 @@ def cmd_eval(args) -> int:
     from sk.workflow import evaluate
 
     passed = evaluate.run(args.scenario, Path(args.out), enforce_eager=args.enforce_eager, max_layers=args.max_layers,
-                          max_requests=args.max_requests, candidates=args.candidates and Path(args.candidates),
+                          max_requests=args.max_requests, candidates=args.candidates,
                           console=console)
     return 0 if passed else 1
 
@@ -146,8 +149,10 @@ def cmd_bench(args) -> int:
 
 def _engine_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="scenario YAML (e.g. scenarios/tiny.yaml); every row in it runs")
-    parser.add_argument("--max-layers", type=int, help="build the model with only this many layers (cheap loops)")
-    parser.add_argument("--max-requests", type=int, help="cap each throughput workload's request count")
+    parser.add_argument("--max-layers", type=positive_int, metavar="N",
+                        help="build the model with only this many layers, 1 or more (cheap loops)")
+    parser.add_argument("--max-requests", type=positive_int, metavar="N",
+                        help="cap each throughput workload's request count (1 or more)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,12 +172,13 @@ def main(argv: list[str] | None = None) -> int:
 
     capture = sub.add_parser("capture", help="record the operators the engine executes per scenario and workload")
     _engine_run_options(capture)
-    capture.add_argument("--out", default="captures", help="folder for the JSON files (one per scenario·workload)")
+    capture.add_argument("--out", type=output_dir, default="captures",
+                         help="folder for the JSON files (one per scenario·workload)")
     capture.set_defaults(func=cmd_capture)
 
     stubs = sub.add_parser("create-stubs", help="candidate modules to edit, one per operator of an architecture")
     stubs.add_argument("--architecture", required=True, metavar="ARCH")
-    stubs.add_argument("--candidates", default=str(default_dir()),
+    stubs.add_argument("--candidates", type=output_dir, default=str(default_dir()),
                        help="candidate folder (default: $SK_CANDIDATE_DIR or candidates/)")
     stubs.add_argument("--force", action="store_true", help="overwrite existing candidate files")
     stubs.set_defaults(func=cmd_create_stubs)
@@ -185,16 +191,19 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--self-test", action="store_true", help="with --target: the baseline against itself (~1.0x)")
     bench.add_argument("--captures", default="captures", help="with --target: capture folder")
     bench.add_argument("--candidates", default=str(default_dir()), help="with --target: candidate folder")
-    bench.add_argument("--max-shapes", type=int, help="with --target: only the most frequent N shapes")
-    bench.add_argument("--out", default="results/bench", help="with --peers: output folder (JSON, Markdown, PNG)")
+    bench.add_argument("--max-shapes", type=positive_int, metavar="N",
+                       help="with --target: only the most frequent N shapes (1 or more)")
+    bench.add_argument("--out", type=output_dir, default="results/bench",
+                       help="with --peers: output folder (JSON, Markdown, PNG)")
     bench.set_defaults(func=cmd_bench)
 
     evaluate = sub.add_parser("eval", help="end to end: stock engine vs our kernels, throughput, latency, tokens")
     _engine_run_options(evaluate)
     evaluate.add_argument("--enforce-eager", action="store_true", help="no compilation or CUDA graphs in either run")
-    evaluate.add_argument("--candidates", metavar="DIR",
+    evaluate.add_argument("--candidates", type=Path, metavar="DIR",
                           help="candidate = your modules in DIR (sk create-stubs) instead of Standard Kernels' adapter")
-    evaluate.add_argument("--out", default="results/eval", help="folder for the JSON, the PNG chart and engine logs")
+    evaluate.add_argument("--out", type=output_dir, default="results/eval",
+                          help="folder for the JSON, the PNG chart and engine logs")
     evaluate.set_defaults(func=cmd_eval)
 
     from sk.evals.gate import main as gate_main

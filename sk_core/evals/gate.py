@@ -47,6 +47,7 @@ from collections import deque
 from pathlib import Path
 
 from sk import settings
+from sk.argtypes import key_value, output_dir, positive_int
 from sk.evals.task_data import TASK_FILES
 
 TASKS = tuple(TASK_FILES)
@@ -312,16 +313,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--enforce-eager", action="store_true", help="no compile, no CUDA graphs")
     parser.add_argument("--via-server", action="store_true",
                         help="vLLM rows through sk-serve and lm-eval's local-completions, as SGLang rows always run")
-    parser.add_argument("--limit", type=int, help="only the first N items of each task")
-    parser.add_argument("--out", type=Path, help="keep lm-eval outputs, logs and gate.json here")
-    parser.add_argument("--candidate-env", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--limit", type=positive_int, metavar="N",
+                        help="only the first N items of each task (1 or more)")
+    parser.add_argument("--out", type=output_dir, help="keep lm-eval outputs, logs and gate.json here")
+    parser.add_argument("--candidate-env", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                         help="extra environment for the candidate run only (e.g. TRITON_INTERPRET=1)")
     args = parser.parse_args(argv)
     console = Console(width=160)
+    extra = dict(args.candidate_env)
     try:
-        extra = dict(item.split("=", 1) for item in args.candidate_env)
-    except ValueError:
-        console.print(f"--candidate-env takes KEY=VALUE, got {args.candidate_env}")
+        loaded = scenarios.load(args.scenario)
+        for scenario in loaded:  # a row the server cannot take is refused before anything is written
+            if args.via_server or scenario.engine == "sglang":
+                server_engine_args(scenario, args.enforce_eager)
+    except WorkflowError as e:
+        console.print(f"sk gate: {e}", markup=False)
         return 2
 
     out_root = args.out or Path(tempfile.mkdtemp(prefix="sk-gate-"))
@@ -330,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     base_env |= {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     passed, summary = True, []
     try:
-        for scenario in scenarios.load(args.scenario):
+        for scenario in loaded:
             model = truncated_model_args(scenario, None)["model"]  # project models resolved to their directory
             via_server = args.via_server or scenario.engine == "sglang"
             run_variant = run_via_server if via_server else run_in_process
@@ -353,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
                             "enforce_eager": args.enforce_eager, "limit": args.limit, "passed": ok,
                             "activity": activity, **comparison})
     except WorkflowError as e:
-        console.print(str(e), markup=False)
+        console.print(f"sk gate: {e}", markup=False)
         return 2
     (out_root / "gate.json").write_text(json.dumps(summary, indent=2) + "\n")
     console.print(f"gate: {'PASS' if passed else 'FAIL'} (details: {out_root / 'gate.json'})")

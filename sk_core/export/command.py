@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from sk.argtypes import existing_dir, output_dir
 from sk.export.kernel_module import ALL_OPS
 from sk.export.series import ENGINES, ExportRefused, build, write
 from sk.export.source_tree import open_tree
@@ -27,8 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated, default all: {','.join(ALL_OPS)}")
     parser.add_argument("--source", help="pristine engine sources: a folder holding the package (e.g. a "
                                          "site-packages) or a wheel; default: the engine installed in this Python")
-    parser.add_argument("--out", type=Path, help="default: upstream_patches/<engine>/<version>/")
-    parser.add_argument("--results", type=Path, default=REPO / "results", help="our committed results (PR tables)")
+    parser.add_argument("--out", type=output_dir, help="default: upstream_patches/<engine>/<version>/")
+    parser.add_argument("--results", type=existing_dir, default=REPO / "results",
+                        help="our committed results (PR tables); an existing folder")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -54,4 +54,8 @@ def open_tree(engine: str, source: str | None) -> SourceTree:
     location = Path(source)
     if not location.exists():
         raise FileNotFoundError(f"--source {source} does not exist")
-    return SourceTree(engine, location)
+    try:
+        return SourceTree(engine, location)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ValueError(f"--source {source} is not a readable wheel ({e}); expected a folder holding the "
+                         f"{engine} package or a {engine} wheel") from None

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from sk.argtypes import output_dir, positive_int
 from sk.models import corpus
 from sk.models.tiny import TinyModelSpec, _config
 from sk.models.tokenizer import SPECIAL_TOKENS, write_byte_tokenizer
@@ -185,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m sk.models.train", description=__doc__.splitlines()[0])
     parser.add_argument("--style", choices=sorted(SPECS), required=True)
-    parser.add_argument("--out", type=Path, required=True, help="model directory to write")
-    parser.add_argument("--steps", type=int, default=Recipe.steps)
+    parser.add_argument("--out", type=output_dir, required=True, help="model directory to write")
+    parser.add_argument("--steps", type=positive_int, default=Recipe.steps)
     args = parser.parse_args(argv)
 
     spec, recipe = SPECS[args.style], Recipe(steps=args.steps)

@@ -22,8 +22,9 @@ def capture_path(out_dir: Path, scenario: scenarios.Scenario, token: str) -> Pat
 
 def run(scenario_file: str, out_dir: Path, max_layers: int | None, max_requests: int | None) -> list[Path]:
     written = []
+    loaded = scenarios.load(scenario_file, engines=("vllm",))
     with progress_bars() as progress:
-        for scenario in scenarios.load(scenario_file, engines=("vllm",)):
+        for scenario in loaded:
             result = run_engine_job(scenario, label=f"capture {scenario.model}", env={},
                                     log_path=out_dir / "logs" / f"{scenario.slug}.log", progress=progress,
                                     capture=True, max_layers=max_layers, max_requests=max_requests)
@@ -42,11 +43,22 @@ def run(scenario_file: str, out_dir: Path, max_layers: int | None, max_requests:
     return written
 
 
+def read_json(path: Path) -> dict:
+    """A JSON file of a capture folder; {} for JSON that is not an object (not a capture), a WorkflowError
+    naming the file when it cannot be read or parsed."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise WorkflowError(f"{path} in the capture folder is not a readable JSON file ({type(e).__name__}: {e}); "
+                            "move it away or capture again") from None
+    return data if isinstance(data, dict) else {}
+
+
 def distinct_calls(capture_dir: Path, arch: str) -> dict[str, int]:
     """Operator -> number of distinct (init params, inputs) captured for models of architecture `arch`."""
     seen: dict[str, set[str]] = {}
     for path in Path(capture_dir).glob("*.json"):
-        data = json.loads(path.read_text())
+        data = read_json(path)
         if data.get("schema") == SCHEMA and data["environment"]["architecture"] == arch:
             for e in data["operators"]:
                 seen.setdefault(e["op"], set()).add(json.dumps([e["init"], e["inputs"]], sort_keys=True))
@@ -57,7 +69,7 @@ def load_captures(capture_dir: Path) -> list[dict]:
     """Every capture file in `capture_dir`; WorkflowError when there is none."""
     captures = []
     for path in sorted(Path(capture_dir).glob("*.json")):
-        data = json.loads(path.read_text())
+        data = read_json(path)
         if data.get("schema") == SCHEMA:
             captures.append(data | {"path": str(path)})
     if not captures:

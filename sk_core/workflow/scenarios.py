@@ -148,11 +148,24 @@ def load(path: str | Path, engines: tuple[str, ...] = ENGINES) -> list[Scenario]
     """
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise WorkflowError(f"scenario file {path} does not exist") from None
+    except IsADirectoryError:
+        raise WorkflowError(f"scenario file {path} is a folder; expected a YAML file (e.g. scenarios/tiny.yaml)"
+                            ) from None
+    except UnicodeDecodeError as e:
+        raise WorkflowError(f"scenario file {path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                            f"{e.start}); expected a YAML file") from None
+    except OSError as e:
+        raise WorkflowError(f"scenario file {path} cannot be read: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         raise WorkflowError(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        kind = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(data), "value")
+        found = "an empty file" if data is None else f"a YAML {kind}"
+        raise WorkflowError(f"{path} is not a scenario file: found {found}; expected a mapping with a "
+                            "'scenarios:' list at the top level (e.g. scenarios/tiny.yaml)")
     try:
         loaded = ScenarioFile.model_validate(data).scenarios
     except ValidationError as e:

@@ -43,8 +43,9 @@ def stub_source(op: Operator, arch: str) -> str:
 def create(arch: str, directory: Path, force: bool) -> dict[str, str]:
     """Operator -> what happened ("created", "kept (exists)", "no baseline yet")."""
     outcome = {}
+    operators = architecture(arch)  # an unknown architecture is refused before the folder exists
     directory.mkdir(parents=True, exist_ok=True)
-    for op in architecture(arch):
+    for op in operators:
         path = candidate_path(directory, op)
         if op.baseline is None:
             outcome[op.name] = "skipped: no baseline operator yet"
