@@ -28,7 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", help="pristine engine sources: a folder holding the package (e.g. a "
                                          "site-packages) or a wheel; default: the engine installed in this Python")
     parser.add_argument("--out", type=Path, help="default: upstream_patches/<engine>/<version>/")
-    parser.add_argument("--results", type=Path, default=REPO / "results", help="our committed results (PR tables)")
+    parser.add_argument("--results", type=Path, default=REPO / "results",
+                        help="folder of our committed results; the PR tables are the files in it that "
+                             "sk.export.pr_description.RESULT_FILES names")
 
 
 def run(args: argparse.Namespace) -> int:
