@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                          "site-packages) or a wheel; default: the engine installed in this Python")
     parser.add_argument("--out", type=output_dir, help="default: upstream_patches/<engine>/<version>/")
     parser.add_argument("--results", type=existing_dir, default=REPO / "results",
-                        help="our committed results (PR tables); an existing folder")
+                        help="folder of our committed results (an existing folder); the PR tables are the files "
+                             "in it that sk.export.pr_description.RESULT_FILES names")
 
 
 def run(args: argparse.Namespace) -> int:

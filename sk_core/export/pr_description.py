@@ -1,8 +1,7 @@
 """The pull-request description of a series (its cover letter), with the parity and benchmark tables taken from
-our committed results under `results/` at export time."""
+named files of our committed results under `results/` at export time (`RESULT_FILES`)."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 _LAYERS = {
@@ -23,24 +22,53 @@ _LAYERS = {
 }
 
 
-def result_tables(results: Path, ops: tuple[str, ...], engine: str) -> list[tuple[str, str]]:
-    """(path, text) of each Markdown result that names one of `ops` or sits under a path naming `engine`
-    (e.g. the adapter's parity and throughput runs); other results are about other ops and stay out."""
-    names = re.compile(r"\b(" + "|".join(map(re.escape, ops)) + r")\b")
-    matching = []
-    for md in sorted(results.rglob("*.md")) if results.is_dir() else []:
-        rel = md.relative_to(results.parent).as_posix()
-        text = md.read_text()
-        if names.search(text) or engine in rel.lower():
-            matching.append((rel, text))
-    return matching
+# The committed results each engine's description quotes, in this order, as paths under the results folder:
+# the engines area's summary, then the engine's own parity and throughput tables (newest first), then the
+# per-kernel benchmark of the exported ops. Named, not globbed: a note added under results/ changes no export,
+# and a file named here that has moved stops the export until this list follows it.
+_OPS_RESULTS = ("h200/ops/README.md", "h200/ops/ops_peers.md")
+RESULT_FILES: dict[str, tuple[str, ...]] = {
+    "vllm": (
+        "h200/engines/README.md",
+        "h200/engines/2026-11-30/second-run/vllm_tp2_trained_llama.md",
+        "h200/engines/2026-11-30/second-run/vllm_trained.md",
+        "h200/engines/2026-11-30/second-run/vllm_llama.md",
+        "h200/engines/2026-11-30/second-run/vllm_llama_export.md",
+        "h200/engines/2026-11-30/tp2_vllm_check.md",
+        "h200/engines/vllm_llama.md",
+        "h200/engines/vllm_gemma.md",
+        *_OPS_RESULTS,
+    ),
+    "sglang": (
+        "h200/engines/README.md",
+        "h200/engines/2026-11-30/second-run/sglang_trained.md",
+        "h200/engines/2026-11-30/second-run/sglang_llama.md",
+        "h200/engines/2026-11-30/sglang_export_check.md",
+        "h200/engines/2026-11-30/sglang_check.md",
+        "h200/engines/sglang_check.md",
+        *_OPS_RESULTS,
+    ),
+}
+
+
+def result_tables(results: Path, engine: str) -> list[tuple[str, str]]:
+    """(path as quoted, text) of each file `RESULT_FILES` names for `engine` (none for an engine it does not list),
+    read from the `results` folder; FileNotFoundError names the first one missing there."""
+    tables = []
+    for name in RESULT_FILES.get(engine, ()):
+        path = results / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: sk.export.pr_description.RESULT_FILES names it for the "
+                                    f"{engine} description (moved? update the list)")
+        tables.append((f"{results.name}/{name}", path.read_text()))
+    return tables
 
 
 def render(engine: str, target: str, ops: tuple[str, ...], switch: str, results: Path, patches: list[str]) -> str:
     rows = "\n".join(f"| `{op}` | {_LAYERS[engine][op]} |" for op in ops)
-    matching = result_tables(results, ops, engine)
-    if matching:
-        tables = "\n\n".join(f"From `{path}`:\n\n{text.strip()}" for path, text in matching)
+    quoted = result_tables(results, engine)
+    if quoted:
+        tables = "\n\n".join(f"From `{path}`:\n\n{text.strip()}" for path, text in quoted)
     else:
         tables = (f"No committed Standard Kernels results cover these ops or {engine} yet. The H200 check in "
                   "Standard Kernels' upstream_patches/README.md produces the parity and throughput numbers for "
