@@ -1,11 +1,11 @@
 """An op's training step (forward and backward) replayed from CUDA graphs when the same call repeats.
 
-A small op's eager training step is bound by host work: at the GEGLU block's seed shape the H200 host spent
-~1.9 ms a step on launches and bookkeeping around ~0.2 ms of kernels. Once a call signature has been seen
-`CAPTURE_AFTER` times (the same activation shape, dtype and strides; the same parameter tensors at the same
-addresses; the same inputs needing grad; the same non-tensor arguments and op settings), its forward and its
-backward are captured as two CUDA graphs over static buffers, and later calls copy the activation in and
-replay them: the same kernels on the same values, so the same bits as the eager call.
+A small op's eager training step is bound by host work: at the GEGLU block's seed shape its launches and
+bookkeeping take several times its kernels' GPU time (results/h200/geglu/README.md, "Where it stands"). Once a
+call signature has been seen `CAPTURE_AFTER` times (the same activation shape, dtype and strides; the same
+parameter tensors at the same addresses; the same inputs needing grad; the same non-tensor arguments and op
+settings), its forward and its backward are captured as two CUDA graphs over static buffers, and later calls
+copy the activation in and replay them: the same kernels on the same values, so the same bits as the eager call.
 
 What keeps it exact:
 - Parameters are read where they are: an in-place update between steps (an optimizer step, `copy_`,

@@ -9,20 +9,20 @@ Three Triton kernels in the forward:
      statistics and the shift applied in the epilogue, which then splits gate from up. In training the
      prologue normalizes each x tile in registers instead (the backward needs the unfolded weights anyway).
      Either way the normalized activation never goes through memory.
-     With the fold, nothing but the tensor cores reads the x tile in the loop: the row statistics come from
-     pass 1. (Summing the rows from that tile in the loop too made Triton 3.6's pipeliner give the tile one
-     shared-memory buffer fewer than its async wgmma needs: the next TMA load overwrote a tile still being
-     read, wrong results on the H200 at 64-row tiles; `tests/test_fused_pre_norm_geglu.py` checks the
-     buffers of the compiled sm90 kernel.) With the fold, its grid in the prefill class is persistent: a
-     program walks several tiles, loading the next one's operands during this one's epilogue. In inference
-     at the seed class (folded or not) h leaves through a TMA store.
+     With the fold, nothing but the tensor cores reads the x tile in the loop (the row statistics come from
+     pass 1): any register read of it makes Triton 3.6's pipeliner give the tile one shared-memory buffer
+     fewer than its async wgmma needs, a race (`tests/test_fused_pre_norm_geglu.py` checks the compiled sm90
+     kernel's buffers; results/h200/geglu/README.md, "2026-11-29, branch geglu-speed"). With the fold, its
+     grid in the prefill class is persistent: a program walks several tiles, loading the next one's operands
+     during this one's epilogue. In inference at the seed class (folded or not) h leaves through a TMA store.
   3. `_down_kernel`: h @ down_weightᵀ with bias and residual in the epilogue. When the output has too few tiles
      to fill the GPU (decode), K is split across programs that each write an fp32 partial; the last program to
      finish a tile (counted with an atomic; pass 1 zeroes the counters, so no memset launch) sums the partials
      in split order, the same bits every run, and applies the epilogue.
 On an H200 (SM90) with QuACK installed, inference on folded weights outside decode runs passes 2 and 3 as
 QuACK's CuTe-DSL GEMMs instead (`fused_pre_norm_geglu_cute`: clusters with TMA multicast and ping-pong
-warpgroups, which Triton 3.6 cannot build; the same epilogues).
+warpgroups, which Triton 3.6 cannot build; the same epilogues); where its `computes_row_stats` holds (the
+seed class, every CTA resident at once), gate/up computes pass 1's statistics itself and pass 1 does not run.
 The GEMM operands are read through TMA tensor descriptors (Hopper's bulk copy engine feeding wgmma), which
 needs 16-byte rows: d_model and d_ff multiples of 8; other widths take the recorded fallback.
 Matrix products take operands in the activation dtype (bf16/fp16) and accumulate in fp32; LayerNorm reads
@@ -167,10 +167,8 @@ def _gate_up_kernel(
     # PERSISTENT (a grid of a few programs per SM): programs walk the tiles a grid apart, in a loop flattened
     # with the K loop, so that the next tile's operand loads are in flight during this tile's epilogue. The
     # loop's bound is a run-time value, which Triton 3.6's interpreter handles only under NumPy < 2.4
-    # (triton-lang/triton#9171; the test extra pins it). Otherwise one program per tile, without the loop: a
-    # loop of one trip changes the register allocation (training at prefill spilled 504 bytes instead of 240),
-    # though it had made the unfolded decode kernel faster (62 µs forward against 72; not kept: untimed
-    # elsewhere, and that path only runs without the fold).
+    # (triton-lang/triton#9171; the test extra pins it). Otherwise one program per tile, without the loop:
+    # even a loop of one trip changes the register allocation, and spills more (commit bbf160d).
     # PDL: launched while the statistics kernel runs (see `_gate_up_tile`). The down kernel may launch once
     # every program has started (DOWN_AT_START) or has stored its tiles.
     if PDL and DOWN_AT_START:
@@ -423,34 +421,25 @@ class GemmConfig:
                                    swap_ab=self.swap_ab and block_m < 64, group_m=group_m)
 
 
-# Chosen per shape class from the sweeps on the H200 (benchmarks/bench_geglu.py --sweep; the fastest forward of
-# the candidates in results/h200/geglu/bench_geglu_sweep.json, 2026-11-29; for "small"
-# results/h200/geglu/2026-11-30/second-run/sweep/bench_geglu_sweep.json, timed with the folded LayerNorm: 64-row
-# tiles, so that the seed shape's 368 gate/up and 96 down programs are all resident at once; decode's swap from
-# .../second-run/decode-swap/bench_geglu_sweep.json, one run, 0.3-0.6 µs of ~61 per kernel); no autotuning at
-# call time, so every call (and CUDA-graph capture) launches an already-chosen kernel. Decode splits the down
-# projection's K so that its few output tiles still spread over the GPU. The dependent launch per class from
-# the sweeps in .../2026-11-30/third-run/ and fourth-run/ (µs per forward in a graph, none / after_stores /
-# at_start): decode 59.2 / 58.3 / 57.6 and 60.2 / 59.8 / 59.0, seed 32.7 / 32.3 / 45.4 and 32.5 / 32.3 / 45.3
-# (launched at gate/up's start, the down programs take SM slots that gate/up's own programs are waiting for;
-# the seed's inference entry has since gone back to plain stream order, see "small" below), prefill 2824 /
-# 2815 / 2806 and 2738 / 2728 / 2733 (within the run-to-run spread there: left in plain stream order).
-# "large" gate/up on a persistent grid from .../2026-11-30/sixth-run/persistent/ (the folded gate/up kernel
-# alone in a graph, two runs): prefill 4 stages, 1 program per SM, 1756-1794 µs against 1913-1937 (one program
-# per tile had run best with 3 stages, .../fourth-run/prefill/; TMA stores were slower there, 1817).
-# "small" from .../2026-11-30/seventh-run/: 64 × 64 tiles, one program each (the seed shape's 368 all resident,
-# 3 per SM), h stored by TMA. The kernel alone (experiments/): 11.2 µs against 13.6 for the 128 × 64 tiles on
-# a persistent grid that the table held before; 64 × 64 tiles had only been timed storing h through masks
-# (18.2, experiments/) or on a persistent grid (14.7 at best, sixth-run/persistent/). The whole forward
-# (first-run/sweep/): 25.0 µs against 27.0; plain stream order there 24.8 against 25.1 with the down kernel
-# launched after gate/up's stores (25.2 against 25.7 in folded-run/sweep/, and the benchmark's no-PDL column
-# 0.3-0.8 µs ahead in both runs of first-run/), so "none".
-# "large" groups 16 MB of x rows (32 row tiles at d_model 2048, 16 at 4096), from .../2026-11-30/eighth-run/
-# experiments/ (whole forward in a graph, replays interleaved, three rounds per run): prefill 2584-2603 µs with
-# 32 row tiles against 2643-2675 with the default 8 (16: 2605-2629; 64, x 33 MB and evicted by the weights
-# streaming past: 2699-2713). At d_model 4096 (8192 × 4096 → 14336; down grouped by 4 in both) 16 row tiles ran
-# as 8 did (4420-4439 µs against 4422-4448), 32 slower (4425-4520). The down kernel's group (2, 4, 16 against 8,
-# six rounds, down.json): all within 2570-2614 µs, none ahead in every round, so 8.
+# Chosen per shape class on the H200 (benchmarks/bench_geglu.py --sweep) and fixed: no autotuning at call
+# time, so every call (and CUDA-graph capture) launches an already-chosen kernel. Each entry's committed result
+# (the runs: results/h200/geglu/README.md):
+# - decode: products transposed (swap_ab) and the down projection's K split, so that its few output tiles still
+#   spread over the GPU: results/h200/geglu/2026-11-30/second-run/decode-swap/bench_geglu_sweep.json; the down
+#   kernel launched at gate/up's start: results/h200/geglu/2026-11-30/sixth-run/tables-run/bench_geglu_sweep.json.
+# - small (seed): 64-row tiles, so that the seed shape's programs (368 gate/up, 96 down) are all resident at
+#   once. Gate/up one program per 64 × 64 tile, h stored by TMA, in plain stream order ("at_start" lets the down
+#   programs take SM slots that gate/up's own programs wait for):
+#   results/h200/geglu/2026-11-30/seventh-run/experiments/down_gate_up.json,
+#   results/h200/geglu/2026-11-30/seventh-run/first-run/sweep/bench_geglu.json.
+# - large (prefill): gate/up on a persistent grid, one program per SM, 4 stages:
+#   results/h200/geglu/2026-11-30/sixth-run/persistent/; plain stream order, the launch modes being within the
+#   run-to-run spread there: results/h200/geglu/2026-11-30/fourth-run/prefill/bench_geglu_sweep.json.
+# - down tiles, every class: results/h200/geglu/2026-11-30/sixth-run/sweep-down-run/bench_geglu_sweep.json; its
+#   group stays 8 (the others within the spread): results/h200/geglu/2026-11-30/eighth-run/experiments/down.json.
+# "large" gate/up groups 16 MB of x rows (32 row tiles at d_model 2048, 16 at 4096), which stay in L2 while the
+# weights stream past once per group; larger groups are evicted by them:
+# results/h200/geglu/2026-11-30/eighth-run/experiments/group.json.
 GATE_UP_L2_GROUP_BYTES = 16 << 20
 GATE_UP_CONFIGS = {
     "decode": GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4, swap_ab=True,
@@ -460,21 +449,20 @@ GATE_UP_CONFIGS = {
                         group_rows_bytes=GATE_UP_L2_GROUP_BYTES),
 }
 # The gate/up kernel normalizing x in its prologue (inference without the fold: SK_GEGLU_FOLD_LN=0, weights
-# made under torch.inference_mode, traced calls), one program per tile: the persistent grid was timed for the
-# folded kernel only (unfolded, it spilled at prefill and ran ~11 % slower). "small" as the folded table's,
-# h stored by TMA: the whole unfolded forward 32.3 µs against 37.8 storing through masks
-# (.../2026-11-30/seventh-run/unfolded/; 128 × 128 tiles with 8 warps ran 31.1 there, not taken: 96 programs
-# at the seed shape, and a handful at the class's smaller M). "large" with 4 stages, as training's (3187 µs in
-# .../sixth-run/review-run/; 3253-3411 with 3 stages in that day's earlier runs), its x rows grouped as the
-# folded kernel's (unfolded prefill 3045-3062 µs against 3112-3116 with 8 row tiles, eighth-run/).
+# made under torch.inference_mode, traced calls), one program per tile: on a persistent grid it spills at
+# prefill (commit bbf160d). "small" as the folded table's, h stored by TMA
+# (results/h200/geglu/2026-11-30/seventh-run/unfolded/bench_geglu_sweep.json; 128 × 128 tiles would leave a
+# handful of programs at the class's smaller M). "large" with 4 stages, as training's
+# (results/h200/geglu/2026-11-30/sixth-run/review-run/bench_geglu.md), its x rows grouped as the folded kernel's
+# (results/h200/geglu/2026-11-30/eighth-run/experiments/group.json).
 PROLOGUE_GATE_UP_CONFIGS = {
     **GATE_UP_CONFIGS,
     "large": GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4,
                         group_rows_bytes=GATE_UP_L2_GROUP_BYTES),
 }
 # Training's (the prologue kernel storing the pre-activations too) needs more registers: at the seed shape a
-# 64 × 64 tile with 4 warps spills 264 bytes on sm90, with 8 warps none (compile_report_geglu.py; not yet
-# timed). At "large", 128 × 128 spills 240 bytes either way; 128 × 64 does not (to be swept).
+# 64 × 64 tile with 4 warps spills 264 bytes on sm90, with 8 warps none (benchmarks/compile_report_geglu.py;
+# not yet timed). At "large", 128 × 128 spills 240 bytes either way; 128 × 64 does not (to be swept).
 TRAINING_GATE_UP_CONFIGS = {
     **PROLOGUE_GATE_UP_CONFIGS,
     "small": GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3,
@@ -715,7 +703,7 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
                 and cute_gemms.computes_row_stats(m, d, ff, size_class, dev) else None)
     if counters is not None:
         # Gate/up computes the statistics itself, in warps that would otherwise idle, so it is the op's first
-        # kernel: seed 19.3 µs against 20.2 with the statistics kernel before it
+        # kernel: one link fewer in the chain of dependent launches
         # (results/h200/geglu/2026-12-01/thirteenth-run/experiments/third/).
         cute_gemms.gate_up(x2, stats, wg, fold, h, approximate, size_class, row_stats=(counters, eps))
         cute_gemms.down(h, wd, bd, x2, y, size_class)
@@ -724,10 +712,9 @@ def _forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, s
     pdl = pdl_on and cute_gemms is None and gate_up.dependent_launch != "none"
     # QuACK's GEMMs launch dependently and wait for the kernel before them (gate/up in its epilogue, see
     # `fused_pre_norm_geglu_cute`), so the statistics kernel may let gate/up launch at its start there too: its
-    # launch, set-up and main loop overlap the statistics (seed 22.2 µs against 22.5 with gate/up waiting before
-    # its first load, results/h200/geglu/2026-12-01/tenth-run/experiments/stats_pdl.json). Its own dependent
-    # launch (see `_pdl_on`): seed 20.15 µs against 20.52 in stream order, decode 58.8 against 58.9, prefill within
-    # its spread (twelfth-run/experiments/stats_dependent_launch.json).
+    # launch, set-up and main loop overlap the statistics
+    # (results/h200/geglu/2026-12-01/tenth-run/experiments/stats_pdl.json). The statistics kernel's own dependent
+    # launch (see `_pdl_on`): results/h200/geglu/2026-12-01/twelfth-run/experiments/stats_dependent_launch.json.
     stats_pdl = pdl_on and (cute_gemms is not None or pdl)
     d_align, ff_align = _align(d), _align(ff)
     approx_tanh = approximate == "tanh"

@@ -13,13 +13,10 @@ takes the epilogue as a Python function over the accumulator, so the gate/up pro
 shift, GELU and the gate·up product applied in registers, only h stored. In the small class the GEMM computes
 the statistics itself, in the producer warps QuACK leaves idle (`_row_stats_in_idle_warps`); elsewhere its main
 loop runs while the statistics kernel finishes, and only its epilogue waits for that kernel
-(`ColVecLoadAfterPrimary`). The down projection is
-QuACK's GEMM with residual and bias in its epilogue, at small shapes in clusters of four CTAs sharing h's tiles
-where those clusters fit on the GPU at once (`DOWN_IN_ONE_WAVE`). On the H200 the forward runs 5 % faster at the
-prefill shape and 10 % at the seed shape than with our Triton GEMMs, the two measured side by side
-(results/h200/geglu/NOTES.md, "ninth run"); the epilogue-only wait takes the seed from 22.3 to 21.5 µs ("eleventh
-run"), the down GEMM's clusters of four to 20.5 ("twelfth run"), the statistics in gate/up to 19.3 ("thirteenth
-run").
+(`ColVecLoadAfterPrimary`). The down projection is QuACK's GEMM with residual and bias in its epilogue, at small
+shapes in clusters of four CTAs sharing h's tiles where those clusters fit on the GPU at once (`DOWN_IN_ONE_WAVE`).
+Each of these was timed on the H200 side by side with what it replaced (results/h200/geglu/README.md, the entries
+"2026-11-30, ninth run" to "2026-12-01, thirteenth run").
 
 Imported only where it can run (a CUDA device of compute capability 9.0 with QuACK installed); the op falls
 back to its Triton GEMMs otherwise, and for decode (its split-K down kernel) and training (which stores the
@@ -59,29 +56,19 @@ def _config(tile_m: int, tile_n: int, *, pingpong: bool, swizzle: int = 8, clust
                       is_dynamic_persistent=False, max_swizzle_size=swizzle, device_capacity=9)
 
 
-# Per shape class of `fused_pre_norm_geglu.shape_class`, from ninth-run/experiments/quack_block.json (each GEMM
-# alone and the whole forward, side by side in CUDA graphs). Gate/up's N counts gate and up columns together.
-# small (seed): gate/up 128 × 192 cooperative 10.4 µs (ping-pong 12.5, 128 × 96 11.6, 64-row tiles 14.4-16.0);
-#   down 64 × 96 8.8 µs (128 × 48 8.9; quack.json: 64 × 128 9.4-10.2, 128 × 96 10.9, one CTA per cluster 11.3).
-# large (prefill): gate/up 128 × 192 ping-pong 1504 µs, 128 × 128 ping-pong 1494 (the forward with each: 2289
-#   and 2382), cooperative 128 × 256 1853, 256 × 128 1795; down 128 × 128 ping-pong 774 µs, 128 × 256 816.
-# Then each setting varied alone in the whole forward, three interleaved rounds (experiments/cute_sweep.json):
-#   the table's ran fastest at the seed in every round (22.29-22.32 µs; swizzles 2-32 within 0.13 µs; down
-#   tiles 128 × 48, ping-pong or in 1 × 2 clusters 0.3-0.5 µs slower; gate/up in 1 × 2 clusters, the dynamic
-#   scheduler, 128 × 96 gate/up tiles 1.1-1.3 µs slower); at prefill the table of
-#   then (down 128 × 128 ping-pong, gate/up swizzle 8) 2408-2413 µs, cooperative 128 × 256 down tiles
-#   2383-2405, gate/up swizzle 16 2405-2412 (within the rounds' spread), swizzle 32 and 128-wide gate/up tiles
-#   ~100 µs slower, the Triton GEMMs 2551-2563. Five more rounds of those two against that table
-#   (cute_confirm.json): both together 2377-2402 µs, ahead in every round; the cooperative down tiles alone
-#   2402-2413; that table 2431-2451 and an identical twin of it 2432-2438.
+# Per shape class of `fused_pre_norm_geglu.shape_class` (gate/up's N counts gate and up columns together): the
+# fastest whole forward in CUDA graphs, variants interleaved. Tiles and ping-pong from
+# results/h200/geglu/2026-11-30/ninth-run/experiments/quack_block.json, each setting then varied alone in
+# results/h200/geglu/2026-11-30/ninth-run/experiments/cute_sweep.json; prefill's cooperative 128 × 256 down
+# tiles and gate/up swizzle 16 from results/h200/geglu/2026-11-30/ninth-run/experiments/cute_confirm.json.
 GATE_UP_CONFIGS = {"small": _config(128, 192, pingpong=False),
                    "large": _config(128, 192, pingpong=True, swizzle=16)}
 DOWN_CONFIGS = {"small": _config(64, 96, pingpong=False), "large": _config(128, 256, pingpong=False)}
-# small, where its clusters fit on the GPU at once (`down`): down in 128 × 64 tiles, clusters of 1 × 4 CTAs sharing
-# each h tile by multicast (at the seed 278 KB per CTA from L2, against the table's 324). Seed 20.5 µs against 21.25
-# (twelfth-run/experiments/down_1x4.json; 64 × 112 in 4 × 1 clusters 20.9, 128 × 64 in 2 × 2 21.1). Where they do
-# not fit, a second round of tiles costs more than that: the tenth run's 2 × 2 clusters of the table's tiles (32
-# of them, 30 fit on the H200) ran 26.0 µs.
+# small, where all its clusters fit on the GPU at once (`_down_config`): down in 128 × 64 tiles, clusters of 1 × 4
+# CTAs sharing each h tile by multicast, so each CTA reads less of h from L2
+# (results/h200/geglu/2026-12-01/twelfth-run/experiments/down_1x4.json). Where they do not all fit (the H200 holds
+# 30 clusters of four: results/h200/geglu/2026-12-01/twelfth-run/experiments/cluster4.json), a second round of
+# tiles costs more than the multicast saves.
 DOWN_IN_ONE_WAVE = _config(128, 64, pingpong=False, cluster=(1, 4))
 
 
@@ -144,10 +131,9 @@ class _EpiModWaitingInEpilogue(EpiMod):
         return _main_loop_before_wait(super()._mint(*key))
 
 
-# The gate/up GEMM waits for the statistics kernel where its epilogue reads them, its main loop running beside
-# that kernel: seed 21.5 µs against 22.3 (results/h200/geglu/2026-12-01/eleventh-run/experiments/stats_overlap.json).
-# Written against QuACK 0.6.5's kernel (see `_main_loop_before_wait`); any other version keeps QuACK's wait
-# before the first load.
+# The gate/up GEMM waits for the statistics kernel only where its epilogue reads them, its main loop running
+# beside that kernel (results/h200/geglu/2026-12-01/eleventh-run/experiments/stats_overlap.json). Written against
+# QuACK 0.6.5's kernel (see `_main_loop_before_wait`); any other version keeps QuACK's wait before the first load.
 WAIT_IN_EPILOGUE = quack.__version__ == "0.6.5"
 
 
