@@ -1,6 +1,7 @@
 """Plumbing shared by the op files: argument checks with clear errors, 2-D views, and the reference backward."""
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import torch
@@ -29,7 +30,9 @@ def check_same_device(op: str, names: Sequence[str], tensors: Sequence[torch.Ten
 
 def rows_view(t: torch.Tensor) -> torch.Tensor:
     """`t` as (rows, last dim) with unit stride along the last dim: a view when possible, a copy otherwise."""
-    t2 = t.reshape(-1, t.shape[-1])
+    n = t.shape[-1]
+    # reshape(-1, 0) is ambiguous (any row count fits 0 elements): width 0 names its row count.
+    t2 = t.reshape(-1, n) if n else t.reshape(math.prod(t.shape[:-1]), 0)
     return t2 if t2.stride(-1) == 1 or t2.shape[-1] <= 1 else t2.contiguous()
 
 

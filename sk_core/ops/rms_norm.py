@@ -57,7 +57,7 @@ def _launch_config(n_cols: int) -> tuple[int, int, int]:
 
 def _launch(x2, w, y2, eps, weight_offset, res2=None, res_out2=None) -> None:
     n_rows, n_cols = x2.shape
-    if n_rows == 0:
+    if n_rows == 0 or n_cols == 0:
         return
     rows_per_program, block_n, num_warps = _launch_config(n_cols)
     has_res = res2 is not None
@@ -101,7 +101,7 @@ def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offse
     if not coverage.decide(name, (x, weight), shape_miss=_shape_miss(name, x.shape[-1])):
         return rms_norm_reference(x, weight, eps, weight_offset)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _launch(rows_view(x), weight, y.view(-1, x.shape[-1]), eps, weight_offset)
+    _launch(rows_view(x), weight, rows_view(y), eps, weight_offset)
     return y
 
 
@@ -122,8 +122,7 @@ def _fused_add_rms_norm_op(
         return fused_add_rms_norm_reference(x, residual, weight, eps, weight_offset)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    n = x.shape[-1]
-    _launch(rows_view(x), weight, y.view(-1, n), eps, weight_offset, rows_view(residual), res_out.view(-1, n))
+    _launch(rows_view(x), weight, rows_view(y), eps, weight_offset, rows_view(residual), rows_view(res_out))
     return y, res_out
 
 
