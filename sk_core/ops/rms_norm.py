@@ -14,7 +14,14 @@ import triton
 import triton.language as tl
 
 from sk import coverage
-from sk.ops._common import attach_reference_backward, check_float, check_same_device, rows_view
+from sk.ops._common import (
+    attach_reference_backward,
+    check_float,
+    check_same_device,
+    check_writable,
+    refuse_autograd_of_mutating_op,
+    rows_view,
+)
 
 GEMMA_OFFSET = 1.0
 
@@ -156,6 +163,11 @@ def _fused_add_rms_norm_inplace_op(
         residual.copy_(r2.view(residual.shape))
 
 
+refuse_autograd_of_mutating_op(
+    _fused_add_rms_norm_inplace_op,
+    "sk.ops.fused_add_rms_norm_ / sk.ops.gemma_fused_add_rms_norm_, which record the write, or their functional forms")
+
+
 # ----------------------------------------------------------------------------------------------- functional API
 
 def _check(op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> None:
@@ -201,10 +213,24 @@ def fused_add_rms_norm(
     return _fused_add_rms_norm_op(x, residual, weight, float(eps), 0.0)
 
 
+def _fused_add_rms_norm_in_place(op: str, x, residual, weight, eps, weight_offset) -> None:
+    _check(op, x, weight, eps, residual)
+    if torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad or weight.requires_grad):
+        # Mutating custom ops get no autograd: the functional op runs on copies (its saved inputs), copy_ records.
+        check_writable(op, ("x", "residual"), (x, residual), op.removesuffix("_"))
+        y, res_out = _fused_add_rms_norm_op(x.clone(), residual.clone(), weight, float(eps), weight_offset)
+        residual.copy_(res_out)
+        x.copy_(y)
+        return
+    _fused_add_rms_norm_inplace_op(x, residual, weight, float(eps), weight_offset)
+
+
 def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
-    """In place, as engines call it: residual ← x + residual, then x ← rms_norm(residual) · weight."""
-    _check("fused_add_rms_norm_", x, weight, eps, residual)
-    _fused_add_rms_norm_inplace_op(x, residual, weight, float(eps), 0.0)
+    """In place, as engines call it: residual ← x + residual, then x ← rms_norm(residual) · weight.
+
+    Differentiable like torch's in-place ops: with grad mode on and an input that requires grad, the write is
+    recorded in x's and residual's autograd history (and refused into a leaf that requires grad)."""
+    _fused_add_rms_norm_in_place("fused_add_rms_norm_", x, residual, weight, eps, 0.0)
 
 
 def gemma_fused_add_rms_norm(
@@ -218,6 +244,6 @@ def gemma_fused_add_rms_norm(
 def gemma_fused_add_rms_norm_(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
 ) -> None:
-    """In place: residual ← x + residual, then x ← rms_norm(residual) · (1 + weight)."""
-    _check("gemma_fused_add_rms_norm_", x, weight, eps, residual)
-    _fused_add_rms_norm_inplace_op(x, residual, weight, float(eps), GEMMA_OFFSET)
+    """In place: residual ← x + residual, then x ← rms_norm(residual) · (1 + weight); differentiable as
+    `fused_add_rms_norm_`."""
+    _fused_add_rms_norm_in_place("gemma_fused_add_rms_norm_", x, residual, weight, eps, GEMMA_OFFSET)
