@@ -21,7 +21,14 @@ import torch
 
 class GraphedCallable:
     def __init__(self, module: torch.nn.Module, sample_args: Sequence[torch.Tensor], warmup_iters: int = 3):
+        if isinstance(sample_args, torch.Tensor):
+            raise ValueError(f"make_graphed_callables: sample_args must be a sequence of CUDA tensors, one per input "
+                             f"of the module, e.g. (x,); got a tensor of shape {tuple(sample_args.shape)} itself")
         sample_args = tuple(sample_args)
+        # The capture's device and stream come from the samples: at least one is needed.
+        if not sample_args:
+            raise ValueError("make_graphed_callables: sample_args must hold at least one CUDA tensor, one per input "
+                             "of the module, e.g. (x,); got an empty sequence ()")
         for i, a in enumerate(sample_args):
             if not isinstance(a, torch.Tensor) or a.device.type != "cuda":
                 raise ValueError(f"make_graphed_callables: sample_args[{i}] must be a CUDA tensor, got "

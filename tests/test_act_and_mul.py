@@ -88,6 +88,24 @@ def test_empty_batch():
         assert sk.ops.gelu_and_mul(x, out=x.new_empty(0, 64)).shape == (0, 64)
 
 
+@pytest.mark.parametrize("lead", [(3,), (0,), (2, 0), (2, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # the kernel's path and the reference's
+def test_width_zero_in_every_path(lead, dtype):
+    x = torch.empty(*lead, 0, dtype=dtype, device=KERNEL_DEVICE)
+    kernel = dtype != torch.float64
+    with sk.coverage.strict(kernel):
+        for act in ACTIVATIONS.values():
+            assert act(x).shape == (*lead, 0)
+        assert sk.ops.gelu_and_mul(x, out=x.new_empty(*lead, 0)).shape == (*lead, 0)
+        compiled = torch.compile(lambda x: sk.ops.silu_and_mul(x), fullgraph=True,
+                                 backend="inductor" if KERNEL_DEVICE == "cuda" else "aot_eager")
+        assert compiled(x).shape == (*lead, 0)
+    assert (sk.coverage.report()["kernel_calls"].get("silu_and_mul", 0) > 0) == kernel
+    xg = x.clone().requires_grad_()
+    sk.ops.silu_and_mul(xg).sum().backward()
+    assert xg.grad.shape == xg.shape
+
+
 def test_gradients_match_reference():
     x = inputs((3,), 64, torch.float32).requires_grad_(True)
     sk.ops.gelu_and_mul(x).sum().backward()

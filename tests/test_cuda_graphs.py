@@ -1,4 +1,5 @@
-"""make_graphed_callables: replay matches eager, static output, input and parameter checks (GPU only)."""
+"""make_graphed_callables: replay matches eager, static output, input and parameter checks (GPU), and the
+sample_args checks that run before any CUDA work (CPU too)."""
 import pytest
 import torch
 
@@ -7,7 +8,19 @@ from numerics import rel_err
 from sk.cuda_graphs import make_graphed_callables
 from sk.nn import PreNormGEGLUFFN
 
-pytestmark = pytest.mark.gpu
+gpu = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("sample_args, message", [
+    ((), r"sample_args must hold at least one CUDA tensor, one per input of the module, e.g\. \(x,\); got an "
+         r"empty sequence \(\)"),
+    ([], r"sample_args must hold at least one CUDA tensor.*got an empty sequence"),
+    (torch.zeros(4, 16), r"sample_args must be a sequence of CUDA tensors.*got a tensor of shape \(4, 16\) itself"),
+    ((torch.zeros(4, 16),), r"sample_args\[0\] must be a CUDA tensor, got cpu"),
+])
+def test_sample_args_are_checked_before_any_cuda_work(sample_args, message):
+    with pytest.raises(ValueError, match=rf"^make_graphed_callables: {message}"):
+        make_graphed_callables(PreNormGEGLUFFN(16, 32), sample_args)
 
 
 def graphed_block(m=1024, d=768, ff=1448):
@@ -17,6 +30,7 @@ def graphed_block(m=1024, d=768, ff=1448):
         return block, make_graphed_callables(block, (sample,))
 
 
+@gpu
 @pytest.mark.parametrize("m,d,ff", [(1024, 768, 1448), (32, 2048, 16384), (7, 200, 520)])
 def test_replay_matches_eager_for_new_inputs(m, d, ff):
     block, graphed = graphed_block(m, d, ff)
@@ -27,6 +41,7 @@ def test_replay_matches_eager_for_new_inputs(m, d, ff):
             assert rel_err(graphed(x), block(x)) < 1e-3
 
 
+@gpu
 def test_output_is_static_and_overwritten_by_the_next_call():
     _, graphed = graphed_block()
     with torch.inference_mode():
@@ -37,6 +52,7 @@ def test_output_is_static_and_overwritten_by_the_next_call():
         assert second is first and not torch.equal(saved, second)
 
 
+@gpu
 @pytest.mark.parametrize("bad,what", [
     (lambda: torch.randn(1000, 768, device="cuda", dtype=torch.bfloat16), "shape"),
     (lambda: torch.randn(1024, 768, device="cuda", dtype=torch.float16), "dtype"),
@@ -49,6 +65,7 @@ def test_mismatched_inputs_get_a_clear_error(bad, what):
         graphed(bad())
 
 
+@gpu
 def test_changed_parameters_are_refused():
     block, graphed = graphed_block()
     with torch.no_grad():

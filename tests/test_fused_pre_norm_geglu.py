@@ -374,6 +374,19 @@ def test_zero_rows():
     assert y.shape == (0, 16)
 
 
+@pytest.mark.parametrize("m, d, ff", [(3, 0, 32), (3, 16, 0), (0, 0, 0)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])  # the kernel's dtype and the fallback's
+@pytest.mark.parametrize("grad", [False, True])
+def test_zero_width_is_refused_the_same_in_every_path(m, d, ff, dtype, grad):
+    shapes = [(d,), (d,), (ff, d), (ff,), (ff, d), (ff,), (d, ff), (d,)]
+    params = [torch.ones(s, device=KERNEL_DEVICE).requires_grad_(grad) for s in shapes]
+    x = torch.zeros(m, d, device=KERNEL_DEVICE, dtype=dtype)
+    with pytest.raises(ValueError, match=rf"d_model \(x's last dim\) and d_ff \(gate_weight's rows\) must be at "
+                                         rf"least 1; got x \({m}, {d}\) \(d_model={d}\) and gate_weight "
+                                         rf"\({ff}, {d}\) \(d_ff={ff}\)"):
+        sk.ops.fused_pre_norm_geglu(x, *params, EPS)
+
+
 @pytest.mark.parametrize("bad,match", [
     ({"gate_weight": torch.zeros(32, 15)}, r"gate_weight \(32, 15\) \(expected \(32, 16\)\)"),
     ({"down_bias": torch.zeros(32)}, r"down_bias \(32,\) \(expected \(16,\)\)"),

@@ -105,6 +105,57 @@ def test_empty_batch():
     assert out.shape == res.shape == (0, 4096)
 
 
+@pytest.mark.parametrize("lead", [(3,), (0,), (2, 0), (2, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # the kernel's path and the reference's
+def test_width_zero_in_every_path(lead, dtype):
+    x, r, w = (t.to(dtype) for t in inputs(lead, 0, torch.float32))
+    kernel = dtype != torch.float64
+    with sk.coverage.strict(kernel):
+        y, g = sk.ops.rms_norm(x, w), sk.ops.gemma_rms_norm(x, w)
+        out, res = sk.ops.fused_add_rms_norm(x, r, w)
+        sk.ops.fused_add_rms_norm_(x, r, w)
+        sk.ops.gemma_fused_add_rms_norm_(x, r, w)
+        compiled = torch.compile(lambda x, r, w: sk.ops.fused_add_rms_norm(x, r, w), fullgraph=True,
+                                 backend="inductor" if KERNEL_DEVICE == "cuda" else "aot_eager")(x, r, w)
+    assert y.shape == g.shape == out.shape == res.shape == compiled[0].shape == (*lead, 0)
+    assert (sk.coverage.report()["kernel_calls"].get("rms_norm", 0) > 0) == kernel
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    sk.ops.rms_norm(xg, wg).sum().backward()
+    assert xg.grad.shape == xg.shape and wg.grad.shape == (0,)
+
+
+@pytest.mark.parametrize("gemma", [False, True])
+def test_in_place_form_trains_under_torch_compile(gemma):
+    a, r0, w = (t.requires_grad_() for t in inputs((3,), 256, torch.float32))
+    op = sk.ops.gemma_fused_add_rms_norm_ if gemma else sk.ops.fused_add_rms_norm_
+
+    def block(a, r0, w):
+        x, r = a * 2, r0 * 1
+        op(x, r, w)
+        return (x * x).sum() + (r * w).sum()
+
+    block(a, r0, w).backward()
+    eager = [t.grad.clone() for t in (a, r0, w)]
+    for t in (a, r0, w):
+        t.grad = None
+    torch.compile(block, fullgraph=True, backend="inductor" if KERNEL_DEVICE == "cuda" else "aot_eager")(
+        a, r0, w).backward()
+    for t, expected in zip((a, r0, w), eager):
+        assert rel_err(t.grad, expected) < 1e-6
+
+
+@pytest.mark.parametrize("mode", [torch.inference_mode, torch.no_grad])
+def test_in_place_form_under_torch_compile_without_grad_runs_the_kernel(mode):
+    x, r, w = inputs((3,), 256, torch.float32)
+    expected_out, expected_res = sk.ops.fused_add_rms_norm(x, r, w)
+    with mode(), sk.coverage.strict():
+        x, r = x.clone(), r.clone()
+        compiled = torch.compile(lambda x, r, w: sk.ops.fused_add_rms_norm_(x, r, w), fullgraph=True,
+                                 backend="inductor" if KERNEL_DEVICE == "cuda" else "aot_eager")
+        compiled(x, r, w)
+    assert torch.equal(x, expected_out) and torch.equal(r, expected_res)
+
+
 def test_outputs_are_fully_written():
     x, r, w = inputs((5,), 1023, torch.float32)
     xi, ri = poisoned_like(x), poisoned_like(r)

@@ -1,6 +1,8 @@
-"""Plumbing shared by the op files: argument checks with clear errors, 2-D views, and the reference backward."""
+"""Plumbing shared by the op files: argument checks with clear errors, 2-D views, the reference backward, and
+the autograd rules of the ops that write into their arguments."""
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import torch
@@ -29,7 +31,9 @@ def check_same_device(op: str, names: Sequence[str], tensors: Sequence[torch.Ten
 
 def rows_view(t: torch.Tensor) -> torch.Tensor:
     """`t` as (rows, last dim) with unit stride along the last dim: a view when possible, a copy otherwise."""
-    t2 = t.reshape(-1, t.shape[-1])
+    n = t.shape[-1]
+    # reshape(-1, 0) is ambiguous (any row count fits 0 elements): width 0 names its row count.
+    t2 = t.reshape(-1, n) if n else t.reshape(math.prod(t.shape[:-1]), 0)
     return t2 if t2.stride(-1) == 1 or t2.shape[-1] <= 1 else t2.contiguous()
 
 
@@ -63,3 +67,72 @@ def attach_reference_backward(
         return tuple(next(found) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in leaves)
 
     op.register_autograd(backward, setup_context=setup_context)
+
+
+# ----------------------------------------------------------------------------------------------- writes into arguments
+
+def check_writable(op: str, names: Sequence[str], tensors: Sequence[torch.Tensor], functional: str) -> None:
+    """Refuse, before writing anything, what torch refuses for its own in-place ops under grad mode: writing into
+    a leaf tensor that requires grad, or into a view of one."""
+    for name, t in zip(names, tensors):
+        if not t.requires_grad:
+            continue
+        if t.is_leaf:
+            what = "is a leaf tensor that requires grad"
+        # Dynamo cannot trace _is_view(); there, tracing the copy_ below raises torch's own refusal instead.
+        elif not torch.compiler.is_compiling() and t._is_view() and t._base.is_leaf:
+            what = "is a view of a leaf tensor that requires grad"
+        else:
+            continue
+        raise RuntimeError(
+            f"sk.ops.{op}: {name} {what} (shape {tuple(t.shape)}); an in-place op may not write into it while grad "
+            f"mode is on (torch refuses the same: 'a leaf Variable that requires grad is being used in an in-place "
+            f"operation'). Use sk.ops.{functional}, which returns new tensors, or write into {name}.clone()."
+        )
+
+
+def refuse_out_autograd(op: str, names: Sequence[str], tensors: Sequence[torch.Tensor]) -> None:
+    """`out=` forms have no autograd, as torch's own out= functions: refuse them when a gradient is wanted."""
+    if not torch.is_grad_enabled():
+        return
+    wanting = [n for n, t in zip(names, tensors) if t.requires_grad]
+    if wanting:
+        raise RuntimeError(
+            f"sk.ops.{op}(): out=... does not support automatic differentiation (as torch's out= functions), but "
+            f"{' and '.join(wanting)} require{'s' if len(wanting) == 1 else ''} grad with grad mode on; call "
+            f"sk.ops.{op} without out= to train, or run under torch.no_grad()/torch.inference_mode()."
+        )
+
+
+_guard_libraries: list[torch.library.Library] = []
+
+
+def refuse_autograd_of_mutating_op(op: torch.library.CustomOpDef, instead: str) -> None:
+    """Make a custom op that writes into its arguments raise when called with grad mode on and an input that
+    requires grad.
+
+    torch attaches no autograd formula to mutating custom ops (register_autograd refuses them), and their generated
+    autograd kernel leaves the written tensors' history as it was: silently wrong gradients. This Autograd kernel
+    replaces it. The public functions send training calls to the functional op or refuse them first, so only a
+    direct call of the raw op (`torch.ops.sk.*`) with a gradient wanted reaches the error here.
+    """
+    overload = op._opoverload
+    arg_names = [a.name for a in overload._schema.arguments]
+
+    def autograd_kernel(keyset, *args):
+        if torch.is_grad_enabled():
+            wanting = [n for n, a in zip(arg_names, args) if isinstance(a, torch.Tensor) and a.requires_grad]
+            if wanting:
+                raise RuntimeError(
+                    f"{overload._schema.name}: {', '.join(wanting)} require{'s' if len(wanting) == 1 else ''} grad "
+                    f"with grad mode on, but this op writes in place without recording autograd history; for "
+                    f"training call {instead}."
+                )
+        # As torch's generated kernel does without a gradient: continue below the Autograd keys.
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+    namespace, name = overload._schema.name.split("::")
+    lib = torch.library.Library(namespace, "FRAGMENT")
+    lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
+    _guard_libraries.append(lib)  # a Library's registrations last as long as the object

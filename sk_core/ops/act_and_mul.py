@@ -14,7 +14,14 @@ import triton
 import triton.language as tl
 
 from sk import coverage
-from sk.ops._common import attach_reference_backward, check_float, check_same_device, rows_view
+from sk.ops._common import (
+    attach_reference_backward,
+    check_float,
+    check_same_device,
+    refuse_autograd_of_mutating_op,
+    refuse_out_autograd,
+    rows_view,
+)
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 # Kernels may read module globals only when they are constexpr.
@@ -127,6 +134,9 @@ def _act_and_mul_out_op(out: torch.Tensor, x: torch.Tensor, activation: str) -> 
     _compute_into(out, x, activation)
 
 
+refuse_autograd_of_mutating_op(_act_and_mul_out_op, "sk.ops.silu_and_mul / sk.ops.gelu_and_mul without out=")
+
+
 # ----------------------------------------------------------------------------------------------- functional API
 
 def _act_and_mul(op: str, x: torch.Tensor, activation: str, out: torch.Tensor | None) -> torch.Tensor:
@@ -142,6 +152,7 @@ def _act_and_mul(op: str, x: torch.Tensor, activation: str, out: torch.Tensor | 
             f"sk.ops.{op}: out must have shape {_out_shape(x)} and dtype {x.dtype}; "
             f"got {tuple(out.shape)} {out.dtype}"
         )
+    refuse_out_autograd(op, ("x", "out"), (x, out))
     _act_and_mul_out_op(out, x, activation)
     return out
 

@@ -1063,6 +1063,8 @@ def _args_fit(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias,
             and gate_weight.dim() == 2 and eps >= 0 and approximate in ("none", "tanh")):
         return False
     d, ff = x.shape[-1], gate_weight.shape[0]
+    if not d or not ff:
+        return False
     device = x.device
     for t, shape in ((x, None), (ln_weight, (d,)), (ln_bias, (d,)), (gate_weight, (ff, d)), (gate_bias, (ff,)),
                      (up_weight, (ff, d)), (up_bias, (ff,)), (down_weight, (d, ff)), (down_bias, (d,))):
@@ -1095,6 +1097,9 @@ def _explain_args(x, ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_b
     if wrong:
         raise ValueError(f"sk.ops.{OP}: with x {tuple(x.shape)} (d_model={d}) and d_ff={ff} from gate_weight, "
                          f"these shapes do not fit: {'; '.join(wrong)}")
+    if not d or not ff:
+        raise ValueError(f"sk.ops.{OP}: d_model (x's last dim) and d_ff (gate_weight's rows) must be at least 1; got "
+                         f"x {tuple(x.shape)} (d_model={d}) and gate_weight {tuple(gate_weight.shape)} (d_ff={ff})")
     if not eps >= 0:
         raise ValueError(f"sk.ops.{OP}: eps must be a non-negative float, got {eps!r}")
     if approximate not in ("none", "tanh"):

@@ -14,7 +14,14 @@ import triton
 import triton.language as tl
 
 from sk import coverage
-from sk.ops._common import attach_reference_backward, check_float, check_same_device, rows_view
+from sk.ops._common import (
+    attach_reference_backward,
+    check_float,
+    check_same_device,
+    check_writable,
+    refuse_autograd_of_mutating_op,
+    rows_view,
+)
 
 GEMMA_OFFSET = 1.0
 
@@ -57,7 +64,7 @@ def _launch_config(n_cols: int) -> tuple[int, int, int]:
 
 def _launch(x2, w, y2, eps, weight_offset, res2=None, res_out2=None) -> None:
     n_rows, n_cols = x2.shape
-    if n_rows == 0:
+    if n_rows == 0 or n_cols == 0:
         return
     rows_per_program, block_n, num_warps = _launch_config(n_cols)
     has_res = res2 is not None
@@ -101,7 +108,7 @@ def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offse
     if not coverage.decide(name, (x, weight), shape_miss=_shape_miss(name, x.shape[-1])):
         return rms_norm_reference(x, weight, eps, weight_offset)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _launch(rows_view(x), weight, y.view(-1, x.shape[-1]), eps, weight_offset)
+    _launch(rows_view(x), weight, rows_view(y), eps, weight_offset)
     return y
 
 
@@ -122,8 +129,7 @@ def _fused_add_rms_norm_op(
         return fused_add_rms_norm_reference(x, residual, weight, eps, weight_offset)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    n = x.shape[-1]
-    _launch(rows_view(x), weight, y.view(-1, n), eps, weight_offset, rows_view(residual), res_out.view(-1, n))
+    _launch(rows_view(x), weight, rows_view(y), eps, weight_offset, rows_view(residual), rows_view(res_out))
     return y, res_out
 
 
@@ -155,6 +161,11 @@ def _fused_add_rms_norm_inplace_op(
         x.copy_(x2.view(x.shape))
     if r2.data_ptr() != residual.data_ptr():
         residual.copy_(r2.view(residual.shape))
+
+
+refuse_autograd_of_mutating_op(
+    _fused_add_rms_norm_inplace_op,
+    "sk.ops.fused_add_rms_norm_ / sk.ops.gemma_fused_add_rms_norm_, which record the write, or their functional forms")
 
 
 # ----------------------------------------------------------------------------------------------- functional API
@@ -202,10 +213,24 @@ def fused_add_rms_norm(
     return _fused_add_rms_norm_op(x, residual, weight, float(eps), 0.0)
 
 
+def _fused_add_rms_norm_in_place(op: str, x, residual, weight, eps, weight_offset) -> None:
+    _check(op, x, weight, eps, residual)
+    if torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad or weight.requires_grad):
+        # Mutating custom ops get no autograd: the functional op runs on copies (its saved inputs), copy_ records.
+        check_writable(op, ("x", "residual"), (x, residual), op.removesuffix("_"))
+        y, res_out = _fused_add_rms_norm_op(x.clone(), residual.clone(), weight, float(eps), weight_offset)
+        residual.copy_(res_out)
+        x.copy_(y)
+        return
+    _fused_add_rms_norm_inplace_op(x, residual, weight, float(eps), weight_offset)
+
+
 def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
-    """In place, as engines call it: residual ← x + residual, then x ← rms_norm(residual) · weight."""
-    _check("fused_add_rms_norm_", x, weight, eps, residual)
-    _fused_add_rms_norm_inplace_op(x, residual, weight, float(eps), 0.0)
+    """In place, as engines call it: residual ← x + residual, then x ← rms_norm(residual) · weight.
+
+    Differentiable like torch's in-place ops: with grad mode on and an input that requires grad, the write is
+    recorded in x's and residual's autograd history (and refused into a leaf that requires grad)."""
+    _fused_add_rms_norm_in_place("fused_add_rms_norm_", x, residual, weight, eps, 0.0)
 
 
 def gemma_fused_add_rms_norm(
@@ -219,6 +244,6 @@ def gemma_fused_add_rms_norm(
 def gemma_fused_add_rms_norm_(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
 ) -> None:
-    """In place: residual ← x + residual, then x ← rms_norm(residual) · (1 + weight)."""
-    _check("gemma_fused_add_rms_norm_", x, weight, eps, residual)
-    _fused_add_rms_norm_inplace_op(x, residual, weight, float(eps), GEMMA_OFFSET)
+    """In place: residual ← x + residual, then x ← rms_norm(residual) · (1 + weight); differentiable as
+    `fused_add_rms_norm_`."""
+    _fused_add_rms_norm_in_place("gemma_fused_add_rms_norm_", x, residual, weight, eps, GEMMA_OFFSET)
