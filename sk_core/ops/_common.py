@@ -134,5 +134,5 @@ def refuse_autograd_of_mutating_op(op: torch.library.CustomOpDef, instead: str) 
 
     namespace, name = overload._schema.name.split("::")
     lib = torch.library.Library(namespace, "FRAGMENT")
-    lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
+    lib.impl(name, autograd_kernel, "Autograd", with_keyset=True, allow_override=True)
     _guard_libraries.append(lib)  # a Library's registrations last as long as the object
