@@ -134,5 +134,6 @@ def refuse_autograd_of_mutating_op(op: torch.library.CustomOpDef, instead: str) 
 
     namespace, name = overload._schema.name.split("::")
     lib = torch.library.Library(namespace, "FRAGMENT")
+    # torch registers custom ops' own Autograd kernel from Python as well (2.11 refuses a second one unless told).
     lib.impl(name, autograd_kernel, "Autograd", with_keyset=True, allow_override=True)
     _guard_libraries.append(lib)  # a Library's registrations last as long as the object
