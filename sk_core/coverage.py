@@ -2,7 +2,9 @@
 
 Every op call asks `decide(...)` whether its Triton kernel covers the inputs. Outside coverage the op runs its
 PyTorch reference and the miss is recorded with the reason; under `strict()` the miss raises `CoverageError`
-instead. `write_report(path)` writes what was recorded, for attaching to a request for a new kernel variant.
+instead, and the first such miss of the process is kept (`report()["strict_violation"]`). `write_report(path)`
+writes what was recorded, for attaching to a request for a new kernel variant; `on_change` / `on_strict_violation`
+let a per-process report writer (sk.reports) keep its file current.
 
 Decisions and records happen inside the custom ops' eager implementations, so they run on every call, also
 under `torch.compile`; under CUDA-graph replay no Python runs, so a captured call is counted once, at capture.
@@ -18,9 +20,10 @@ import functools
 import json
 import os
 import threading
+import time
 from collections import Counter
 from importlib import resources
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 import yaml
@@ -97,6 +100,43 @@ _lock = threading.Lock()
 _kernel_calls: Counter = Counter()
 _fallbacks: Counter = Counter()
 _counting = contextvars.ContextVar("sk_counting", default=True)
+_changes = 0  # bumped by every record: a report writer compares it to skip unchanged reports
+_first_violation: dict | None = None
+# Called once, outside the lock, at the first record after being added (sk.reports starts its writer there).
+_change_listeners: list[Callable[[], None]] = []
+# Called with the violation, in the raising thread, before CoverageError is raised.
+_violation_listeners: list[Callable[[dict], None]] = []
+
+
+def _reinit_lock_in_child() -> None:
+    # A fork while another thread held the lock would leave the child's copy locked forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reinit_lock_in_child)
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call `listener()` once, at the next record of a kernel call or fallback in this process."""
+    _change_listeners.append(listener)
+
+
+def on_strict_violation(listener: Callable[[dict], None]) -> None:
+    """Call `listener(violation)` at the first strict-mode miss of this process, just before it raises."""
+    _violation_listeners.append(listener)
+
+
+def changes() -> int:
+    """How many records this process has made so far (unchanged: nothing new to report)."""
+    return _changes
+
+
+def _notify_change() -> None:
+    with _lock:  # two threads may record at once: each listener runs once
+        listeners, _change_listeners[:] = list(_change_listeners), []
+    for listener in listeners:
+        listener()
 
 
 @contextlib.contextmanager
@@ -111,9 +151,13 @@ def uncounted() -> Iterator[None]:
 
 def count_kernel_call(op: str) -> None:
     """Count one kernel call of `op` that ran without `decide` (a replay of a graph the op captured itself)."""
+    global _changes
     if _counting.get():
         with _lock:
             _kernel_calls[op] += 1
+            _changes += 1
+        if _change_listeners:
+            _notify_change()
 
 
 @functools.cache
@@ -122,9 +166,14 @@ def _cuda_arch(index: int) -> str:
     return f"sm{major}{minor}"
 
 
+_cuda_index: int | None = None  # the GPU this process's ops ran on, for reports written from another thread
+
+
 def _arch_of(device: torch.device) -> str | None:
+    global _cuda_index
     if device.type == "cuda":
-        return _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
+        _cuda_index = device.index if device.index is not None else torch.cuda.current_device()
+        return _cuda_arch(_cuda_index)
     return None
 
 
@@ -174,33 +223,55 @@ def decide(op: str, tensors: Sequence[torch.Tensor], *, shape_miss: str | None =
 
 
 def record_fallback(op: str, tensors: Sequence[torch.Tensor], reason: str) -> None:
+    global _changes
     shapes, dtypes = _describe(tensors)
     device = tensors[0].device
     if is_strict():
-        raise CoverageError(
-            f"sk.ops.{op}: no kernel covers this call ({reason}); inputs: shapes {list(shapes)}, "
-            f"dtypes {list(dtypes)}, device {device}. Strict mode forbids the PyTorch fallback; "
-            f"see `sk list` for the Kernel Coverage table."
-        )
+        call = (f"sk.ops.{op}: no kernel covers this call ({reason}); inputs: shapes {list(shapes)}, "
+                f"dtypes {list(dtypes)}, device {device}.")
+        _record_violation({"op": op, "shapes": [list(s) for s in shapes], "dtypes": list(dtypes),
+                           "device": str(device), "reason": reason, "message": call, "time": time.time(),
+                           "pid": os.getpid()})
+        raise CoverageError(f"{call} Strict mode forbids the PyTorch fallback; see `sk list` for the Kernel "
+                            f"Coverage table.")
     key = (op, shapes, dtypes, str(device), _arch_of(device), reason)
     with _lock:
         _fallbacks[key] += 1
+        _changes += 1
+    if _change_listeners:
+        _notify_change()
+
+
+def _record_violation(violation: dict) -> None:
+    global _first_violation, _changes
+    with _lock:
+        if _first_violation is not None:
+            return
+        _first_violation = violation
+        _changes += 1
+    for listener in list(_violation_listeners):
+        with contextlib.suppress(Exception):  # a listener's failure must not replace the CoverageError
+            listener(violation)
 
 
 def reset() -> None:
-    """Forget every recorded call (e.g. between benchmark phases)."""
+    """Forget every recorded call and strict violation (e.g. between benchmark phases)."""
+    global _first_violation, _changes
     with _lock:
         _kernel_calls.clear()
         _fallbacks.clear()
+        _first_violation = None
+        _changes += 1
 
 
 def report() -> dict:
-    """What this process recorded: kernel calls per op and every fallback with its reason and count."""
+    """What this process recorded: kernel calls per op, every fallback with its reason and count, and the first
+    strict-mode miss (None when there was none)."""
     with _lock:
-        calls, misses = dict(_kernel_calls), list(_fallbacks.items())
+        calls, misses, violation = dict(_kernel_calls), list(_fallbacks.items()), _first_violation
     gpu = None
     if torch.cuda.is_initialized():  # never initialise CUDA just to write a report
-        index = torch.cuda.current_device()
+        index = _cuda_index if _cuda_index is not None else torch.cuda.current_device()
         gpu = {"name": torch.cuda.get_device_name(index), "arch": _cuda_arch(index)}
     import triton
 
@@ -217,11 +288,13 @@ def report() -> dict:
              "reason": reason, "count": n}
             for (op, shapes, dtypes, dev, arch, reason), n in misses
         ],
+        "strict_violation": violation,
     }
 
 
 def merge_reports(reports: Iterable[dict]) -> dict:
-    """One report from several processes' (e.g. every tensor-parallel rank): counts are summed."""
+    """One report from several processes' (e.g. every tensor-parallel rank): counts are summed, the earliest
+    strict violation kept."""
     reports = list(reports)
     calls: Counter = Counter()
     misses: Counter = Counter()
@@ -238,7 +311,22 @@ def merge_reports(reports: Iterable[dict]) -> dict:
          "reason": reason, "count": n}
         for (op, shapes, dtypes, dev, arch, reason), n in misses.items()
     ]
+    violations = [r["strict_violation"] for r in reports if r.get("strict_violation")]
+    merged["strict_violation"] = min(violations, key=lambda v: v["time"]) if violations else None
     return merged
+
+
+def fallback_summary(report: dict) -> list[dict]:
+    """A report's fallbacks per op and reason, most frequent first: calls, distinct shapes, dtypes."""
+    groups: dict[tuple[str, str], dict] = {}
+    for f in report["fallbacks"]:
+        group = groups.setdefault((f["op"], f["reason"]), {"op": f["op"], "reason": f["reason"], "count": 0,
+                                                            "shapes": set(), "dtypes": set()})
+        group["count"] += f["count"]
+        group["shapes"].add(json.dumps(f["shapes"]))
+        group["dtypes"].add("/".join(f["dtypes"]))
+    return [{**g, "shapes": len(g["shapes"]), "dtypes": sorted(g["dtypes"])}
+            for g in sorted(groups.values(), key=lambda g: (-g["count"], g["op"], g["reason"]))]
 
 
 def write_report(path: str | os.PathLike) -> dict:

@@ -4,10 +4,14 @@ Engines start their model-running processes themselves (spawned workers, schedul
 that turns an adapter on must be inherited by child processes: an environment variable (SK_ADAPTERS, see
 `sk.settings`), read by the adapter's entry point in each process. Installing the package alone changes nothing.
 
-Each activated process writes one JSON report at exit into $SK_REPORT_DIR (when set): which engine layers
-were replaced, and the `sk.coverage` report (kernel calls per op, fallbacks with reasons) of that process.
-The adapters (`sk.adapters.*`) build and write them; the workflow, the gate and `sk-serve` read and merge them.
-While an engine runs, `current_report` returns the report of the process it runs in (for the engines' RPCs).
+Each activated process keeps one JSON report in $SK_REPORT_DIR (when set): which engine layers were replaced,
+and the `sk.coverage` report (kernel calls per op, fallbacks with reasons, the first strict violation) of that
+process. It is written when the adapter registers, rewritten while counts change (a daemon thread started at
+the first record, at most every REPORT_INTERVAL_S), at once at the first strict violation, and at exit; so a
+process that engines SIGKILL (vLLM after its drain timeout, SGLang's schedulers) leaves a report at most
+REPORT_INTERVAL_S behind. The adapters (`sk.adapters.*`) build and write them; the workflow, the gate and
+`sk-serve` read and merge them. While an engine runs, `current_report` returns the report of the process it
+runs in (for the engines' RPCs).
 """
 from __future__ import annotations
 
@@ -16,15 +20,29 @@ import json
 import multiprocessing
 import multiprocessing.util
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from sk import settings
+from sk import coverage, settings
 
 # The environment variables that carry activation and the report folder to engine processes.
 ACTIVATION_ENV = settings.SETTINGS["adapters"].env
 REPORT_DIR_ENV = settings.SETTINGS["report_dir"].env
 REPORT_SCHEMA = "standardkernels.adapter-report/1"
+# How stale a running process's report file may get while its counts change.
+REPORT_INTERVAL_S = 1.0
+
+_write_lock = threading.Lock()
+
+
+def _reinit_write_lock_in_child() -> None:
+    global _write_lock
+    _write_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reinit_write_lock_in_child)
 
 # Set by an adapter when it registers in this process: builds this process's report.
 _report_builder: Callable[[], dict] | None = None
@@ -79,33 +97,62 @@ def write_report(engine: str, report: dict) -> Path | None:
     path = directory / f"{engine}-{os.getpid()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, path)  # readers never see half a report
+    with _write_lock:  # the writer thread, a strict violation and exit may write at once
+        tmp.write_text(json.dumps(report, indent=2) + "\n")
+        os.replace(tmp, path)  # readers never see half a report
     return path
 
 
-def write_report_at_exit(engine: str, build: Callable[[], dict]) -> None:
-    """Write `build()` when this process ends, and likewise in each multiprocessing child forked from it.
+def keep_report_written(engine: str, build: Callable[[], dict]) -> None:
+    """Keep `build()` written for this process (module docstring: when), and likewise in forked children.
 
     atexit covers the main process and spawned children. Forked multiprocessing children leave through
     os._exit, which skips atexit, and start with multiprocessing's finalizers cleared; so an after-fork hook
-    re-arms a finalizer in each such child. Each process writes its own file, once.
+    re-arms a finalizer in each such child. Each process writes its own file.
     """
     if settings.get("report_dir") is None:
         return
-    done: set[int] = set()
+    exited: set[int] = set()
+    writers: set[int] = set()
+    written = [None]  # coverage.changes() when the file was last written
 
-    def write_once() -> None:
-        if os.getpid() not in done:
-            done.add(os.getpid())
-            write_report(engine, build())
+    def write_now(_violation: dict | None = None) -> None:
+        written[0] = coverage.changes()  # read first: a record made while building is written next time
+        write_report(engine, build())
+
+    def write_at_exit() -> None:
+        if os.getpid() not in exited:
+            exited.add(os.getpid())
+            write_now()
+
+    def keep_writing() -> None:
+        while True:
+            time.sleep(REPORT_INTERVAL_S)
+            if coverage.changes() != written[0]:
+                try:
+                    write_now()
+                except Exception:  # a report built mid-teardown; the exit report follows
+                    pass
+
+    def start_writer() -> None:
+        if os.getpid() not in writers:
+            writers.add(os.getpid())
+            threading.Thread(target=keep_writing, name="sk-report-writer", daemon=True).start()
 
     def arm(_=None) -> None:
-        multiprocessing.util.Finalize(None, write_once, exitpriority=100)
+        multiprocessing.util.Finalize(None, write_at_exit, exitpriority=100)
 
-    atexit.register(write_once)
+    atexit.register(write_at_exit)
     arm()
-    multiprocessing.util.register_after_fork(write_once, arm)
+    multiprocessing.util.register_after_fork(write_at_exit, arm)
+    # Threads do not survive a fork: a forked child starts its own writer at its first record.
+    os.register_at_fork(after_in_child=lambda: coverage.on_change(start_writer))
+    coverage.on_change(start_writer)
+    coverage.on_strict_violation(write_now)
+    try:
+        write_now()  # so that a process killed before its first record still leaves its report
+    except Exception:  # never fail the engine's plugin loading over a report; later writes retry
+        pass
 
 
 def read_reports(directory: str | os.PathLike, engine: str | None = None) -> list[dict]:
@@ -113,6 +160,12 @@ def read_reports(directory: str | os.PathLike, engine: str | None = None) -> lis
     reports = [json.loads(p.read_text()) for p in Path(directory).glob("*.json")]
     reports = [r for r in reports if r.get("schema") == REPORT_SCHEMA and engine in (None, r["engine"])]
     return sorted(reports, key=lambda r: (r["rank"] is None, r["rank"] or 0, r["pid"]))
+
+
+def first_strict_violation(reports: Iterable[dict]) -> tuple[dict, dict] | None:
+    """(report, violation) of the process whose strict-mode miss came first, or None."""
+    found = [(r, r["coverage"]["strict_violation"]) for r in reports if r["coverage"].get("strict_violation")]
+    return min(found, key=lambda rv: rv[1]["time"]) if found else None
 
 
 def model_process_reports(reports: Iterable[dict]) -> list[dict]:

@@ -72,6 +72,44 @@ def test_strict_raises_naming_op_shapes_dtypes_and_reason(no_interpreter):
     sk.ops.fused_add_rms_norm(x, r, w)  # strict ends with its block
 
 
+def test_first_strict_violation_is_kept_and_announced_before_the_raise(no_interpreter, monkeypatch):
+    monkeypatch.setattr(sk.coverage, "_violation_listeners", [])
+    seen = []
+    sk.coverage.on_strict_violation(lambda v: seen.append((v, sk.coverage.report()["strict_violation"])))
+    with sk.coverage.strict():
+        with pytest.raises(sk.CoverageError) as first:
+            sk.ops.rms_norm(torch.randn(3, 8), torch.ones(8))
+        with pytest.raises(sk.CoverageError):
+            sk.ops.silu_and_mul(torch.randn(2, 8))
+    ((violation, in_report),) = seen  # once per process, with the report already showing it
+    assert violation is in_report and sk.coverage.report()["strict_violation"] == violation
+    assert (violation["op"], violation["shapes"], violation["dtypes"]) == ("rms_norm", [[3, 8], [8]], ["fp32", "fp32"])
+    assert violation["reason"].startswith("CPU tensor") and str(first.value).startswith(violation["message"])
+    sk.coverage.reset()
+    assert sk.coverage.report()["strict_violation"] is None
+
+
+def test_merge_keeps_the_earliest_violation_and_summary_groups_by_op_and_reason():
+    def fallback(op, rows, reason, count):
+        return {"op": op, "shapes": [[rows, 8], [8]], "dtypes": ["fp32", "fp32"], "device": "cpu", "arch": None,
+                "reason": reason, "count": count}
+
+    first, later = {"op": "rms_norm", "time": 1.0}, {"op": "silu_and_mul", "time": 2.0}
+    reports = [
+        {**sk.coverage.report(), "strict_violation": later,
+         "fallbacks": [fallback("rms_norm", 1, "a", 3), fallback("rms_norm", 2, "a", 1)]},
+        {**sk.coverage.report(), "strict_violation": first,
+         "fallbacks": [fallback("rms_norm", 1, "a", 2), fallback("rms_norm", 1, "b", 5)]},
+    ]
+    merged = sk.coverage.merge_reports(reports)
+    assert merged["strict_violation"] is first
+    assert sk.coverage.fallback_summary(merged) == [
+        {"op": "rms_norm", "reason": "a", "count": 6, "shapes": 2, "dtypes": ["fp32/fp32"]},
+        {"op": "rms_norm", "reason": "b", "count": 5, "shapes": 1, "dtypes": ["fp32/fp32"]},
+    ]
+    assert sk.coverage.merge_reports([sk.coverage.report()])["strict_violation"] is None
+
+
 def test_strict_is_per_thread_and_per_task(no_interpreter):
     seen = {}
 

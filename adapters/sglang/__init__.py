@@ -49,14 +49,14 @@ def register() -> None:
         build = check_installed_sglang()
     except UnsupportedSglangError as e:
         _registration = {"refused": str(e)}
-        reports.write_report_at_exit(ENGINE, report)
+        reports.keep_report_written(ENGINE, report)
         logger.error("%s", e)
         if sk.coverage.is_strict():
             raise SystemExit(f"standardkernels (SK_STRICT=1): {e}") from e
         raise
     _registration = {"sglang": build, "replaced": install_hooks(report_to_caller)}
     reports.set_report_builder(report)
-    reports.write_report_at_exit(ENGINE, report)
+    reports.keep_report_written(ENGINE, report)
     logger.info("standardkernels active in %s: %s", build, ", ".join(_registration["replaced"]))
 
 

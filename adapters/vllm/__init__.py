@@ -48,7 +48,7 @@ def register() -> None:
     _forget_cached_gemma_activation()
     _registration = {"vllm": build, "replaced": replaced}
     reports.set_report_builder(report)
-    reports.write_report_at_exit(ENGINE, report)
+    reports.keep_report_written(ENGINE, report)
     logger.info("standardkernels active in %s: %s", build, ", ".join(replaced))
 
 

@@ -1,21 +1,22 @@
 """The vLLM part of `sk-serve --engine vllm MODEL [vllm serve arguments...]` (sk.adapters.serve drives it).
 
-Same interface as sk.adapters.sglang.serve: what to start, what to print first, what to do before stopping.
+Same interface as sk.adapters.sglang.serve: what to start, what to print first, what to do before stopping,
+how long in-flight requests drain and what happens to those still running then.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
-# vLLM's default shutdown (--shutdown-timeout 0) SIGKILLs its engine core and workers at once, so the workers
-# could not write their reports; unless told otherwise, give them this long to stop.
-ENGINE_SHUTDOWN_S = 10
 
-
-def engine_command(model: str, engine_args: list[str]) -> list[str]:
+def engine_command(model: str, engine_args: list[str], drain_s: int) -> list[str]:
+    # vLLM's default (--shutdown-timeout 0) SIGKILLs its engine core and workers at once; sk-serve's drain
+    # instead ("drain" mode), unless the user gave one.
     if not any(a.split("=")[0] == "--shutdown-timeout" for a in engine_args):
-        engine_args = [*engine_args, "--shutdown-timeout", str(ENGINE_SHUTDOWN_S)]
-    # Same interpreter, so the engine sees the same installation (and our entry points) as sk-serve.
-    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, *engine_args]
+        engine_args = [*engine_args, "--shutdown-timeout", str(drain_s)]
+    # `vllm serve` through sk.adapters.vllm.server (requests left at shutdown get an HTTP error), with this
+    # interpreter, so that the engine sees the same installation (and our entry points) as sk-serve.
+    return [sys.executable, "-m", "sk.adapters.vllm.server", "serve", model, *engine_args]
 
 
 def activation_summary(strict: bool, report_dir: str) -> str:
@@ -30,4 +31,15 @@ def activation_summary(strict: bool, report_dir: str) -> str:
 
 
 def before_stop(engine_args: list[str]) -> None:
-    """Nothing to do: vLLM's workers write their reports as they exit."""
+    """Nothing to do: vLLM's processes keep their reports written (sk.reports)."""
+
+
+def drain_s(engine_args: list[str], default: int) -> float:
+    """vLLM's own drain time after the stop signal: --shutdown-timeout when given, else sk-serve's."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--shutdown-timeout", type=float, default=default)
+    return parser.parse_known_args(engine_args)[0].shutdown_timeout
+
+
+def at_drain_deadline(engine_args: list[str], drain_s: float) -> None:
+    """Nothing to do: at its drain deadline vLLM stops its engine and our API server fails what is left."""

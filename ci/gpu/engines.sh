@@ -12,6 +12,7 @@
 #   sglang                  stock SGLang vs our adapter, and sk-serve --engine sglang (ci/gpu/sglang_check.py)
 #   sglang-trained          stock SGLang vs our adapter on the trained models
 #   sglang-export           stock SGLang vs our adapter vs the exported SGLang series (ci/gpu/export_check.py)
+#   serve-vllm, serve-sglang  sk-serve's lifecycle: SIGTERM under long requests, SIGKILL (ci/gpu/serve_check.py)
 #   gate                    the lm-eval accuracy gate on the trained models (ci/gpu/accuracy_gate.sh)
 #   gate-ENGINE[-STYLE]     one engine's rows of it (gate-sglang-llama, gate-vllm, ...)
 #   eval                    sk eval on scenarios/h200-llama.yaml, CUDA graphs on
@@ -51,6 +52,7 @@ case $step in
   sglang) command=(python3 ci/gpu/sglang_check.py "$work" --styles llama) ;;
   sglang-trained) command=(python3 ci/gpu/sglang_check.py "$work" --styles llama-trained gemma-trained --no-serve) ;;
   sglang-export)  command=(python3 ci/gpu/export_check.py "$work" --engine sglang --styles llama) ;;
+  serve-vllm|serve-sglang) command=(python3 ci/gpu/serve_check.py "${step#serve-}" "$work") ;;
   gate)   command=(bash ci/gpu/accuracy_gate.sh run "$work") ;;
   gate-vllm|gate-sglang|gate-vllm-llama|gate-vllm-gemma|gate-sglang-llama|gate-sglang-gemma)
           IFS=- read -r _ engine style <<< "$step"

@@ -18,6 +18,7 @@ The project's own models, named by token (style: llama or gemma):
                       so token MATCH between stock and our kernels says something; fixed sizes
   sk-tiny/<style>     random weights of any size (model_spec: sk.models.TinyModelSpec fields), written on first
                       use by sk.models.tiny_model; for shapes and speed, e.g. the GPU scenarios
+`resolve_model` turns such a name into what the engine loads; `sk-serve` takes the same names.
 """
 from __future__ import annotations
 
@@ -34,6 +35,47 @@ ENGINES = ("vllm", "sglang")
 # The project's models (module docstring): trained ones it ships, random-weight ones it writes on first use.
 TRAINED_PREFIX = "sk-trained/"
 TINY_PREFIX = "sk-tiny/"
+
+
+def check_model(model: str) -> None:
+    """ValueError unless `model` names a known project model, an existing local directory, or a hub id."""
+    from sk.models import STYLES, trained_model
+
+    project_models = [prefix + style for prefix in (TRAINED_PREFIX, TINY_PREFIX) for style in STYLES]
+    if model.startswith((TRAINED_PREFIX, TINY_PREFIX)) and model not in project_models:
+        raise ValueError(f"unknown project model {model!r}; known: {', '.join(project_models)}")
+    if model.startswith(TRAINED_PREFIX):
+        try:
+            trained_model(model[len(TRAINED_PREFIX):])
+        except FileNotFoundError as e:
+            raise ValueError(f"{model}: {e}") from None
+    elif model.startswith((".", "/", "~")) and not Path(model).expanduser().is_dir():
+        raise ValueError(f"model directory {model!r} does not exist")
+
+
+def tiny_model_spec(model: str, model_spec: dict[str, Any] | None = None):
+    """The sk.models.TinyModelSpec of sk-tiny model `model` with `model_spec`'s sizes (ValueError naming a bad
+    field)."""
+    from sk.models import TinyModelSpec
+
+    try:
+        return TinyModelSpec(style=model[len(TINY_PREFIX):], **(model_spec or {}))
+    except TypeError as e:
+        raise ValueError(f"model_spec: {e}") from None
+
+
+def resolve_model(model: str, model_spec: dict[str, Any] | None = None) -> str:
+    """What an engine loads for `model` as a scenario names it: an sk-trained model's directory, an sk-tiny
+    model's directory (written on first use, sized by `model_spec`), anything else unchanged (ValueError for
+    an unknown project model or a missing local directory)."""
+    from sk.models import tiny_model, trained_model
+
+    check_model(model)
+    if model.startswith(TRAINED_PREFIX):
+        return str(trained_model(model[len(TRAINED_PREFIX):]))
+    if model.startswith(TINY_PREFIX):
+        return str(tiny_model(tiny_model_spec(model, model_spec)))
+    return model
 
 
 class Scenario(BaseModel):
@@ -56,18 +98,7 @@ class Scenario(BaseModel):
     @field_validator("model")
     @classmethod
     def _model_exists(cls, model: str) -> str:
-        from sk.models import STYLES, trained_model
-
-        project_models = [prefix + style for prefix in (TRAINED_PREFIX, TINY_PREFIX) for style in STYLES]
-        if model.startswith((TRAINED_PREFIX, TINY_PREFIX)) and model not in project_models:
-            raise ValueError(f"unknown project model {model!r}; known: {', '.join(project_models)}")
-        if model.startswith(TRAINED_PREFIX):
-            try:
-                trained_model(model[len(TRAINED_PREFIX):])
-            except FileNotFoundError as e:
-                raise ValueError(f"{model}: {e}") from None
-        elif model.startswith((".", "/", "~")) and not Path(model).expanduser().is_dir():
-            raise ValueError(f"model directory {model!r} does not exist")
+        check_model(model)
         return model
 
     @model_validator(mode="after")
@@ -91,21 +122,12 @@ class Scenario(BaseModel):
 
     def tiny_model_spec(self):
         """The sk.models.TinyModelSpec of an sk-tiny model (ValueError naming a bad field)."""
-        from sk.models import TinyModelSpec
-
-        try:
-            return TinyModelSpec(style=self.model[len(TINY_PREFIX):], **self.model_spec)
-        except TypeError as e:
-            raise ValueError(f"model_spec: {e}") from None
+        return tiny_model_spec(self.model, self.model_spec)
 
     def checkpoint(self) -> str:
         """What the engine loads for a model other than sk-tiny: the directory of an sk-trained model, else the
         model as written (a local path or a hub id)."""
-        from sk.models import trained_model
-
-        if self.model.startswith(TRAINED_PREFIX):
-            return str(trained_model(self.model[len(TRAINED_PREFIX):]))
-        return self.model
+        return self.model if self.model.startswith(TINY_PREFIX) else resolve_model(self.model)
 
     @field_validator("workloads")
     @classmethod

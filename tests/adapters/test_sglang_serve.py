@@ -1,5 +1,6 @@
 """The SGLang adapter's parts that need no SGLang: the import switch, the inert entry point, and the sk-serve
-pieces (command line, server address, asking the schedulers for their reports before stopping).
+pieces (command line, server address and key, asking the schedulers for their reports before stopping; the
+stop itself, its drain deadline included, runs against a stand-in server in test_serve_lifecycle.py).
 
 SGLang's server cannot start on a CPU machine; `sk-serve --engine sglang` end to end is an H200 check.
 """
@@ -41,8 +42,14 @@ def serve(monkeypatch):
 
 
 def test_engine_command(serve):
-    assert serve.engine_command("/m", ["--port", "31000", "--tp-size", "2"]) == [
+    assert serve.engine_command("/m", ["--port", "31000", "--tp-size", "2"], 10) == [
         sys.executable, "-m", "sglang.launch_server", "--model-path", "/m", "--port", "31000", "--tp-size", "2"]
+
+
+@pytest.mark.parametrize("args, key", [([], None), (["--api-key", "k1"], "Bearer k1"),
+                                       (["--api-key=k1", "--admin-api-key", "k2"], "Bearer k2")])
+def test_admin_requests_carry_the_servers_key(serve, args, key):
+    assert serve._admin_request(args, "/abort_request", {}).get_header("Authorization") == key
 
 
 @pytest.mark.parametrize("args, url", [
@@ -90,5 +97,5 @@ def test_sk_serve_without_sglang_says_so(capsys):
 
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("SGLang is installed in this Python")
-    assert main(["--engine", "sglang", "/some/model"]) == 2
+    assert main(["--engine", "sglang", "sk-trained/llama"]) == 2
     assert "sglang is not importable in this Python" in capsys.readouterr().err
