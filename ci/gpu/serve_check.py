@@ -10,6 +10,8 @@ On the trained Llama-style model, named as scenario files name it (sk-trained/ll
      every model process (vLLM worker, SGLang scheduler) must have a report with kernel calls written after
      the SIGTERM; nothing of sk-serve's process tree may be left.
   2. The same start, then SIGKILL of sk-serve: within 10 s nothing of its tree is alive and the port is closed.
+  3. `--strict` with every op call forced outside coverage (ci/gpu/forced_fallback on PYTHONPATH): sk-serve must
+     exit 3 by itself, its last line naming the strict violation (op and reason), nothing of its tree left.
 Writes OUTDIR/serve_check.json and prints it; exit status 1 when an expectation fails.
 """
 from __future__ import annotations
@@ -43,18 +45,24 @@ TP_FLAG = {"vllm": "--tensor-parallel-size", "sglang": "--tp-size"}
 
 
 class Server:
-    def __init__(self, engine: str, tp: int, work: Path, *args: str):
+    def __init__(self, engine: str, tp: int, work: Path, *args: str, env: dict | None = None,
+                 wait_for_models: bool = True):
         self.port, self.marker = free_port(), f"sk-serve-check-{uuid.uuid4().hex}"
         self.log, self.reports = work / "sk-serve.log", work / "reports"
         work.mkdir(parents=True, exist_ok=True)
         self.command = [sys.executable, "-m", "sk.adapters.serve", "--engine", engine, MODEL,
                         "--report-dir", str(self.reports), "--host", "127.0.0.1", "--port", str(self.port),
                         *ENGINE_ARGS[engine], TP_FLAG[engine], str(tp), *args]
+        env_extra = env
         env = {k: v for k, v in os.environ.items() if k not in ("SK_ADAPTERS", "SK_STRICT", "SK_REPORT_DIR")}
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(self.command, env={**env, "SK_SERVE_CHECK_MARKER": self.marker},
+            self.proc = subprocess.Popen(self.command, env={**env, **(env_extra or {}),
+                                                            "SK_SERVE_CHECK_MARKER": self.marker},
                                          stdout=log, stderr=subprocess.STDOUT)
-        started = time.monotonic()
+        self.started = started = time.monotonic()
+        self.seen = tree(self.proc.pid)
+        if not wait_for_models:
+            return
         while time.monotonic() - started < START_TIMEOUT_S:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sk-serve exited with {self.proc.returncode} before serving")
@@ -159,16 +167,47 @@ def check_sigkill(engine: str, tp: int, work: Path) -> dict:
     try:
         server.proc.kill()
         killed = time.monotonic()
-        while (server.leftovers() or port_open(server.port)) and time.monotonic() - killed < 10:
+        while (leftovers(server.marker, server.seen) or port_open(server.port)) and time.monotonic() - killed < 10:
             time.sleep(0.5)
         result["gone_after_s"] = round(time.monotonic() - killed, 1)
-        result["leftovers"], result["port_open"] = server.leftovers(), port_open(server.port)
+        result["leftovers"], result["port_open"] = leftovers(server.marker, server.seen), port_open(server.port)
         result["problems"] = [p for p, bad in ((f"processes left: {result['leftovers']}", bool(result["leftovers"])),
                                                ("port still open", result["port_open"])) if bad]
     finally:
         server.stop()
         for pid in leftovers(server.marker, server.seen):
             os.kill(pid, signal.SIGKILL)
+    return result
+
+
+def check_strict(engine: str, tp: int, work: Path) -> dict:
+    forced = str(REPO / "ci" / "gpu" / "forced_fallback")
+    path = os.pathsep.join(p for p in (forced, os.environ.get("PYTHONPATH")) if p)
+    server = Server(engine, tp, work, "--strict", env={"PYTHONPATH": path}, wait_for_models=False)
+    result: dict = {"command": " ".join(server.command[1:]) + f"  (PYTHONPATH starts with {forced})"}
+    try:
+        while server.proc.poll() is None and time.monotonic() - server.started < START_TIMEOUT_S:
+            server.seen |= tree(server.proc.pid)
+            try:  # once it serves, a request reaches the model
+                server.complete(4, timeout=30)
+            except OSError:
+                time.sleep(1)
+        result["exit_status"] = server.proc.poll()
+        result["after_s"] = round(time.monotonic() - server.started)
+        lines = [line for line in server.log.read_text().splitlines() if line.strip()]
+        result["last_line"] = lines[-1] if lines else ""
+        time.sleep(5)
+        result["leftovers"] = leftovers(server.marker, server.seen)
+        result["problems"] = [p for p, bad in (
+            (f"exit status {result['exit_status']}, not 3", result["exit_status"] != 3),
+            ("the last line does not name the strict violation",
+             "strict mode" not in result["last_line"] or "forced outside coverage" not in result["last_line"]),
+            (f"processes left: {result['leftovers']}", bool(result["leftovers"])),
+        ) if bad]
+    finally:
+        server.stop()
+    if result["problems"]:
+        result["log_tail"] = server.tail()
     return result
 
 
@@ -180,14 +219,14 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.outdir)
     summary: dict = {"engine": args.engine, "tp": args.tp}
-    for name, check in (("sigterm", check_sigterm), ("sigkill", check_sigkill)):
+    for name, check in (("sigterm", check_sigterm), ("sigkill", check_sigkill), ("strict", check_strict)):
         try:
             summary[name] = check(args.engine, args.tp, out / name)
         except Exception as e:  # noqa: BLE001  (a server that did not start: recorded, the next check runs)
             summary[name] = {"problems": [repr(e)]}
     (out / "serve_check.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
-    return 1 if summary["sigterm"]["problems"] or summary["sigkill"]["problems"] else 0
+    return 1 if any(summary[name]["problems"] for name in ("sigterm", "sigkill", "strict")) else 0
 
 
 if __name__ == "__main__":
