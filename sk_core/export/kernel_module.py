@@ -48,6 +48,7 @@ _CLASHING = ("_launch",)
 _PREAMBLE = '''\
 import collections
 import logging
+import math
 import os
 
 import torch
