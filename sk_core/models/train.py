@@ -5,8 +5,12 @@
 Writes DIR in the Hugging Face layout (config, fp32 model.safetensors, the byte tokenizer) and DIR/training.json
 (held-out accuracies against chance, the recipe, versions, the sha256 of the weights). The network is
 transformers' own Llama/Gemma built from the config that engines load, so what is trained is what they run.
-Bit-for-bit reproducible on the same torch build and CPU capability: fixed seeds, one thread, deterministic
-algorithms, data from a seeded `random.Random`.
+Deterministic on one machine: fixed seeds, one thread, deterministic algorithms and data from a seeded
+`random.Random` fix every float operation, so two runs give the same weights bit for bit. Not across CPU models:
+the kernels under torch round per CPU (MKL picks its sgemm path and blocking by vendor, model and caches; ATen
+its vectorized kernels by instruction set), and 3000 steps turn a last-bit difference into other weights with
+about the same held-out accuracies. `built_with` records the CPU; tests/evals/test_trained_models.py says
+what each machine must reproduce.
 Needs torch, transformers, safetensors and tokenizers (the vLLM CPU venv has them).
 """
 from __future__ import annotations
@@ -104,6 +108,7 @@ def _learning_rate(step: int, recipe: Recipe) -> float:
 
 
 def train(spec: TinyModelSpec, recipe: Recipe, log=print):
+    """The trained model, its tokenizer and the training loss of every step."""
     torch.set_num_threads(recipe.threads)
     torch.use_deterministic_algorithms(True)
     tokenizer = ByteTokenizer()
@@ -115,6 +120,7 @@ def train(spec: TinyModelSpec, recipe: Recipe, log=print):
                                   lr=recipe.learning_rate, betas=(0.9, 0.98), foreach=False)
     examples = corpus.training_examples(random.Random(recipe.seed))
     model.train()
+    losses = []
     start = time.monotonic()
     for step in range(recipe.steps):
         for group in optimizer.param_groups:
@@ -125,10 +131,27 @@ def train(spec: TinyModelSpec, recipe: Recipe, log=print):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        losses.append(loss.item())
         if step % 250 == 0 or step == recipe.steps - 1:
-            log(f"step {step:5d}  loss {loss.item():.4f}  {time.monotonic() - start:6.0f} s")
+            log(f"step {step:5d}  loss {losses[-1]:.4f}  {time.monotonic() - start:6.0f} s")
     model.eval()
-    return model, tokenizer
+    return model, tokenizer, losses
+
+
+@torch.no_grad()
+def answer_loss(model, tokenizer: ByteTokenizer, items: list[dict], batch_size: int = 64) -> float:
+    """Mean cross-entropy (nats per token) of the targets and their newline, teacher-forced: the training
+    objective on held-out prompts, a smoother measure of progress than accuracy."""
+    total, tokens = 0.0, 0
+    for i in range(0, len(items), batch_size):
+        examples = [corpus.Example(item["kind"], item["prompt"], item["target"]) for item in items[i:i + batch_size]]
+        ids, labels = _batch(examples, tokenizer)
+        logits = model(input_ids=ids).logits[:, :-1]
+        targets = labels[:, 1:]
+        total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                                   ignore_index=IGNORE, reduction="sum").item()
+        tokens += (targets != IGNORE).sum().item()
+    return total / tokens
 
 
 @torch.no_grad()
@@ -181,6 +204,21 @@ def save(model, spec: TinyModelSpec, out_dir: Path) -> Path:
     return path
 
 
+def cpu_identity() -> str:
+    """Vendor, family and model as the kernel reports them: what MKL dispatches on, beyond the ISA."""
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if not key.strip():
+                break  # the first processor's block
+            fields[key.strip()] = value.strip()
+    except OSError:
+        return platform.processor()
+    return (f"{fields.get('vendor_id', '?')} family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
+            f" ({fields.get('model name', '?')})")
+
+
 def main(argv: list[str] | None = None) -> int:
     from sk.evals.task_data import generation_items, multiple_choice_items
 
@@ -192,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
 
     spec, recipe = SPECS[args.style], Recipe(steps=args.steps)
     start = time.monotonic()
-    model, tokenizer = train(spec, recipe)
+    model, tokenizer, losses = train(spec, recipe)
     seconds = time.monotonic() - start
     weights = save(model, spec, args.out)
     mc_items, gen_items = multiple_choice_items(), generation_items()
@@ -206,11 +244,13 @@ def main(argv: list[str] | None = None) -> int:
             "sk_synth_mc": {"acc": multiple_choice_accuracy(model, tokenizer, mc_items),
                             "chance": 1 / len(mc_items[0]["choices"]), "items": len(mc_items)},
             "sk_synth_gen": {"exact_match": generation_accuracy(model, tokenizer, gen_items),
-                             "chance": 0.0, "items": len(gen_items)},
+                             "chance": 0.0, "items": len(gen_items),
+                             "answer_loss": answer_loss(model, tokenizer, gen_items)},
         },
+        "train_loss": {"first": losses[0], "last": losses[-1]},
         "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
         "built_with": {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                       "machine": platform.machine(), "python": platform.python_version()},
+                       "cpu": cpu_identity(), "machine": platform.machine(), "python": platform.python_version()},
     }
     (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record["held_out"], indent=2))
