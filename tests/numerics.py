@@ -1,4 +1,5 @@
 """Where kernels run in this test session, the tolerances the tests use, and how errors are measured."""
+import math
 import zlib
 
 import torch
@@ -32,3 +33,17 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
 def poisoned_like(t: torch.Tensor) -> torch.Tensor:
     """An output buffer full of NaN, so an element the kernel fails to write shows up in the error."""
     return torch.full_like(t, float("nan"))
+
+
+def fp64_act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(x[..., :d]) · x[..., d:] in fp64, from the formulas (silu, gelu (erf), gelu_tanh): the tests' oracle."""
+    x = x.double()
+    d = x.shape[-1] // 2
+    g, u = x[..., :d], x[..., d:]
+    if activation == "silu":
+        a = g / (1 + torch.exp(-g))
+    elif activation == "gelu":
+        a = 0.5 * g * (1 + torch.special.erf(g / math.sqrt(2)))
+    else:
+        a = 0.5 * g * (1 + torch.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
+    return a * u

@@ -1,11 +1,11 @@
 """Gated activations: reference against fp64 math, kernel against the reference, `out=`, edge cases."""
-import math
 
 import pytest
 import torch
 
 import sk
-from numerics import DTYPES, KERNEL_DEVICE, ODD_WIDTHS, REAL_WIDTHS, TOLERANCE, poisoned_like, rel_err, seed_of
+from numerics import (DTYPES, KERNEL_DEVICE, ODD_WIDTHS, REAL_WIDTHS, TOLERANCE, fp64_act_and_mul, poisoned_like,
+                      rel_err, seed_of)
 from sk.ops.act_and_mul import act_and_mul_reference
 
 WIDTHS = ODD_WIDTHS + ([14336] if REAL_WIDTHS else [])
@@ -14,19 +14,6 @@ ACTIVATIONS = {
     "gelu": lambda x: sk.ops.gelu_and_mul(x),
     "gelu_tanh": lambda x: sk.ops.gelu_and_mul(x, approximate="tanh"),
 }
-
-
-def fp64_act_and_mul(x, activation):
-    x = x.double()
-    d = x.shape[-1] // 2
-    g, u = x[..., :d], x[..., d:]
-    if activation == "silu":
-        a = g / (1 + torch.exp(-g))
-    elif activation == "gelu":
-        a = 0.5 * g * (1 + torch.special.erf(g / math.sqrt(2)))
-    else:
-        a = 0.5 * g * (1 + torch.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
-    return a * u
 
 
 def inputs(lead, d, dtype, device=KERNEL_DEVICE):

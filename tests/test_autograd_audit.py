@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import sk
-from numerics import KERNEL_DEVICE, rel_err, seed_of
+from numerics import KERNEL_DEVICE, fp64_act_and_mul, rel_err, seed_of
 
 EPS = 1e-6
 # fp32 forward and fp32 backward vs fp64: a few roundings (u = 6e-8) per element plus row sums of <= 1023 terms
@@ -24,18 +24,6 @@ BLOCK_TOLERANCE = 2e-5
 
 def fp64_rms_norm(x, w, offset=0.0):
     return x / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS) * (w + offset)
-
-
-def fp64_act_and_mul(x, activation):
-    d = x.shape[-1] // 2
-    g, u = x[..., :d], x[..., d:]
-    if activation == "silu":
-        a = g / (1 + torch.exp(-g))
-    elif activation == "gelu":
-        a = 0.5 * g * (1 + torch.special.erf(g / math.sqrt(2)))
-    else:
-        a = 0.5 * g * (1 + torch.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
-    return a * u
 
 
 def fp64_pre_norm_geglu(x, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps=1e-5, approximate="none"):
