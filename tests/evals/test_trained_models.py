@@ -11,7 +11,7 @@ its sgemm path and blocking by CPU vendor, model and caches, and ATen its vector
 while `torch.backends.cpu.get_cpu_capability()` says "AVX512" on any AVX-512 CPU. A full retrain on an
 AMD EPYC family 26 model 2 gave the committed weights bit for bit; another "AMD EPYC" with AVX512 did not, and
 ATen's AVX2 or default kernels on the first one sent 3000 steps down other trajectories (gemma's exact match
-0.44 and 0.89 against 0.85). So a full retrain (opt-in: SK_FULL_RETRAIN=1, 12-40 min a model) must clear the
+0.44 and 0.89 against 0.85). So a full retrain (opt-in: SK_FULL_RETRAIN=1, 8-40 min a model) must clear the
 bars the committed models clear, not match them.
 """
 import hashlib
@@ -114,7 +114,7 @@ def test_retraining_is_deterministic_here_and_learns(style, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("SK_FULL_RETRAIN"), reason="opt-in (SK_FULL_RETRAIN=1): 12-40 min a model")
+@pytest.mark.skipif(not os.environ.get("SK_FULL_RETRAIN"), reason="opt-in (SK_FULL_RETRAIN=1): 8-40 min a model")
 @pytest.mark.parametrize("style", sorted(SPECS))
 def test_full_retraining_clears_the_committed_models_bars(style, tmp_path):
     # MC acc / exact match, committed against ATen's AVX2 and default kernels: llama 0.73 / 0.80, 0.67 / 0.70,
