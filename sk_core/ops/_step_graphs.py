@@ -39,6 +39,7 @@ from typing import Callable, Sequence
 import torch
 
 from sk import coverage, settings
+from sk.ops import weight_cache
 
 CAPTURE_AFTER = 2  # eager calls of a signature before it is captured: shapes seen once never pay a capture
 SLOTS = 2  # a training loop's next forward usually starts while the last step's graph is still referenced
@@ -199,7 +200,7 @@ class StepGraphs:
         static = tuple(t.clone() if i in self.activations else t for i, t in enumerate(inputs))
         stream = torch.cuda.Stream()
         forward_graph, backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with coverage.uncounted(), torch.autocast("cuda", enabled=False):
+        with coverage.uncounted(), torch.autocast("cuda", enabled=False), weight_cache.within_step_graph():
             # One eager step on the capture stream first: cuBLAS sets up its workspace for a stream on first use,
             # which must not happen during capture (Triton's kernels are compiled by then: CAPTURE_AFTER calls ran).
             stream.wait_stream(torch.cuda.current_stream())

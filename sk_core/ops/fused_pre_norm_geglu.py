@@ -29,7 +29,8 @@ Matrix products take operands in the activation dtype (bf16/fp16) and accumulate
 its scale and shift in their own precision (the FP32 masters). Training rounds the normalized activation
 once to the activation dtype, as eager's LayerNorm output is; inference rounds γ⊙W once instead. Higher-
 precision projection weights are cast to the activation dtype once and cached until they change
-(`compute_weight`, `_folded_gate_up`).
+(`compute_weight`, `_folded_gate_up`, through `sk.ops.weight_cache`: never re-made inside a CUDA graph of
+inference, see there).
 
 Where the gate/up config asks for it (`GemmConfig.dependent_launch`: decode, and training but at prefill), the
 gate/up and down kernels use programmatic dependent launch (`PDL`): each starts while the one before it
@@ -52,7 +53,6 @@ import dataclasses
 import functools
 import importlib
 import warnings
-import weakref
 from typing import Optional
 
 import torch
@@ -64,6 +64,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from sk import coverage, settings
 from sk.ops._common import FLOAT_DTYPES, check_float, check_same_device
+from sk.ops import weight_cache
 from sk.ops._step_graphs import StepGraphs
 
 OP = "fused_pre_norm_geglu"
@@ -520,43 +521,15 @@ def _sm_count(device: torch.device) -> int:
 
 # ----------------------------------------------------------------------------------------------- weight copies
 
-_weight_copies: dict = {}
-
-
 def compute_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`weight` as a contiguous `dtype` tensor for the projections, cast once and cached until it changes.
-
-    The cache entry is checked against the source's identity, storage and version counter, which every
-    in-place update (an optimizer step, `copy_`, `load_state_dict`) advances, so a copy is never stale and
-    never re-cast while unchanged. Writes through `.data` bypass the version counter: assign or `copy_`.
-    """
-    if weight.dtype == dtype and weight.is_contiguous():
-        return weight
-    if (type(weight) not in (torch.Tensor, torch.nn.Parameter) or weight.is_inference()
-            or (weight.is_cuda and torch.cuda.is_current_stream_capturing())):
-        # Traced (fake) tensors, inference tensors (no version counter) and graph capture (the copy would
-        # live in the graph's pool) get a plain cast.
-        return weight.detach().to(dtype, memory_format=torch.contiguous_format)
-    key = (id(weight), dtype)
-    entry = _weight_copies.get(key)
-    if entry is not None:
-        ref, version, ptr, copy = entry
-        if ref() is weight and version == weight._version and ptr == weight.data_ptr():
-            return copy
-    else:
-        weakref.finalize(weight, _weight_copies.pop, key, None)
-    copy = weight.detach().to(dtype, memory_format=torch.contiguous_format)
-    _weight_copies[key] = (weakref.ref(weight), weight._version, weight.data_ptr(), copy)
-    return copy
+    """`weight` as a contiguous `dtype` tensor for the projections: cast once and cached until it changes, never
+    inside a CUDA-graph capture of inference (see `sk.ops.weight_cache`)."""
+    return weight_cache.cast(OP, weight, dtype)
 
 
 # Inference calls fold the LayerNorm scale into cached gate/up weights (`_folded_gate_up`), so that the gate/up
 # kernel is a plain GEMM (both operands from shared memory). It costs a second copy of those weights per dtype;
 # SK_GEGLU_FOLD_LN=0 (`sk.settings`, "geglu_fold_ln") turns it off (then inference runs as training's forward does).
-_folds: dict = {}
-_read_by_graphs: dict = {}
-
-
 def _folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, dtype):
     """(W', fold): W' = γ⊙W of gate and up in `dtype`, their rows interleaved (gate 0, up 0, gate 1, ...: the
     gate/up kernel computes both with one product), and fold fp32 [[Σ_k W'], [W·β + b]], its columns
@@ -570,39 +543,18 @@ def _folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, dtype):
     below a bf16 rounding (3.9e-3) unless rows are nearly constant (|μ|/σ ≳ 30). Training keeps the prologue
     that normalizes x tiles in fp32, which has no such term.
 
-    Cached like `compute_weight`, on the identity, storage and version counter of all six sources. None where
-    the fold cannot be cached (traced or inference tensors) or is not already cached during a CUDA-graph
-    capture (the graph would recompute it on every replay): the kernel then normalizes in its prologue. A
-    fold read by a capture is kept alive as long as its weights, so that a graph captured before they changed
-    never reads freed memory (it keeps computing with the values it captured, as `sk.cuda_graphs` documents).
-    Making a fold takes two fp32 temporaries the size of gate + up (about 0.5 GB at d_model 2048, d_ff 16384).
+    Cached by `sk.ops.weight_cache` on all six sources (inference tensors included). None for traced tensors
+    and during a CUDA-graph capture that finds no fold made before it (the graph would recompute it on every
+    replay): the kernel then normalizes in its prologue. Making a fold takes two fp32 temporaries the size of
+    gate + up (about 0.5 GB at d_model 2048, d_ff 16384).
     """
     sources = (ln_w, ln_b, wg, bg, wu, bu)
-    present = [t for t in sources if t is not None]
-    if any(type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_inference() for t in present):
+    if any(t is not None and type(t) not in (torch.Tensor, torch.nn.Parameter) for t in sources):
         return None
-    key = (tuple(id(t) for t in sources), dtype)
-    state = [(t._version, t.data_ptr()) for t in present]
-    capturing = wg.is_cuda and torch.cuda.is_current_stream_capturing()
-    entry = _folds.get(key)
-    if entry is not None and entry[1] == state and all(ref() is t for ref, t in zip(entry[0], present)):
-        value = entry[2]
-    elif capturing:
+    tag = ("geglu_fold", dtype)
+    if wg.is_cuda and torch.cuda.is_current_stream_capturing() and not weight_cache.is_cached(sources, tag):
         return None
-    else:
-        if entry is None:
-            for t in present:
-                weakref.finalize(t, _forget_fold, key)
-        value = _fold(ln_w, ln_b, wg, bg, wu, bu, dtype)
-        _folds[key] = ([weakref.ref(t) for t in present], state, value)
-    if capturing and all(v is not value for v in _read_by_graphs.setdefault(key, [])):
-        _read_by_graphs[key].append(value)
-    return value
-
-
-def _forget_fold(key):
-    _folds.pop(key, None)
-    _read_by_graphs.pop(key, None)
+    return weight_cache.derived(OP, sources, tag, lambda: _fold(ln_w, ln_b, wg, bg, wu, bu, dtype))
 
 
 def _fold(ln_w, ln_b, wg, bg, wu, bu, dtype):

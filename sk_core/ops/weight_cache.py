@@ -1,0 +1,129 @@
+"""Copies derived from weights (a cast to the compute dtype, a norm scale folded in, rows interleaved), made once
+and reused until a source changes: the ops' FP32 masters cost one cast per change, not one per call.
+
+    value = weight_cache.derived(op, sources, tag, make)     # make() -> value, run only when needed
+
+An entry is valid while every source is the same object, on the same storage (`data_ptr`) and, for ordinary
+tensors, at the same version counter, which every in-place update advances (an optimizer step, `copy_`,
+`load_state_dict`; writes through `.data` do not: assign or `copy_`). What it costs: one value per entry (a
+BF16 copy is half its FP32 master), held until a source is freed.
+
+- **Inference tensors** (made under `torch.inference_mode()`, e.g. a model built inside it) have no version
+  counter: their entries are keyed on identity and storage alone. Such a tensor cannot be changed outside
+  inference mode; after changing one in place *inside* it, call `forget(tensor)` (or `clear()`), or the copy
+  made before stays in use.
+- **CUDA-graph capture** (a caller's `torch.cuda.graph`, `sk.cuda_graphs.make_graphed_callables`): a valid
+  entry is returned and never re-made inside the capture, and it is kept alive as long as its sources even
+  once replaced, since the graph reads its memory. A graph therefore computes with the weights as they were at
+  capture (as `sk.cuda_graphs` documents): capture again after updating them. With no valid entry, `make()`
+  runs inside the capture, so every replay repeats it: correct but slow, so it is recorded as a coverage miss of
+  `op` ("call once before capturing") and raises under `strict()`.
+- **Captures of training steps** (`sk_core/ops/_step_graphs.py`) run `make()` inside the graph on purpose
+  (`within_step_graph()`): the masters change between replays and each replay must cast what it reads.
+- **Traced tensors** (torch.compile's fake tensors, functorch wrappers): `make()` every call, nothing kept.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import weakref
+from typing import Callable, Hashable, Iterator, Sequence, TypeVar
+
+import torch
+
+from sk import coverage
+
+T = TypeVar("T")
+
+# key -> (weakrefs of the present sources, their state, value)
+_entries: dict = {}
+# key -> values read by a CUDA-graph capture: alive while the sources are
+_pinned: dict = {}
+_step_graph = contextvars.ContextVar("sk_weight_cache_step_graph", default=False)
+
+CAPTURE_MISS = ("weights prepared inside a CUDA-graph capture: every replay repeats the cast/fold; call the op "
+                "once before capturing (make_graphed_callables does) so that the graph reads a prepared copy")
+
+
+def derived(op: str, sources: Sequence[torch.Tensor | None], tag: Hashable, make: Callable[[], T]) -> T:
+    """`make()`'s value for `sources` (None entries allowed) and `tag`, cached as the module docstring says."""
+    present = [t for t in sources if t is not None]
+    if any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in present):
+        return make()
+    capturing = present[0].is_cuda and torch.cuda.is_current_stream_capturing()
+    if capturing and _step_graph.get():
+        return make()
+    key = (tuple(id(t) for t in sources), tag)
+    state = [_state(t) for t in present]
+    entry = _entries.get(key)
+    if entry is not None and entry[1] == state and all(ref() is t for ref, t in zip(entry[0], present)):
+        value = entry[2]
+    elif capturing:
+        coverage.record_fallback(op, present, CAPTURE_MISS)
+        return make()
+    else:
+        if entry is None:
+            for t in present:
+                weakref.finalize(t, _forget_key, key)
+        value = make()
+        _entries[key] = ([weakref.ref(t) for t in present], state, value)
+    if capturing:
+        pinned = _pinned.setdefault(key, [])
+        if all(v is not value for v in pinned):
+            pinned.append(value)
+    return value
+
+
+def cast(op: str, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`weight` as a contiguous `dtype` tensor: itself when it already is one, else a cached copy."""
+    if weight.dtype == dtype and weight.is_contiguous():
+        return weight
+    return derived(op, (weight,), ("cast", dtype),
+                   lambda: weight.detach().to(dtype, memory_format=torch.contiguous_format))
+
+
+def is_cached(sources: Sequence[torch.Tensor | None], tag: Hashable) -> bool:
+    """Whether a valid entry exists (what a capture would read without re-making it)."""
+    present = [t for t in sources if t is not None]
+    entry = _entries.get((tuple(id(t) for t in sources), tag))
+    return (entry is not None and entry[1] == [_state(t) for t in present]
+            and all(ref() is t for ref, t in zip(entry[0], present)))
+
+
+def forget(tensor: torch.Tensor) -> None:
+    """Drop every entry derived from `tensor` (after changing an inference tensor in place)."""
+    for key in [k for k in _entries if id(tensor) in k[0]]:
+        _entries.pop(key, None)
+
+
+def clear() -> None:
+    """Drop every entry (copies pinned by captured graphs stay alive with their sources)."""
+    _entries.clear()
+
+
+def size_bytes() -> int:
+    """Bytes held by the cached values (tensors, and tensors inside tuples)."""
+    def nbytes(v) -> int:
+        if isinstance(v, torch.Tensor):
+            return v.numel() * v.element_size()
+        return sum(nbytes(x) for x in v) if isinstance(v, (tuple, list)) else 0
+    return sum(nbytes(e[2]) for e in _entries.values())
+
+
+@contextlib.contextmanager
+def within_step_graph() -> Iterator[None]:
+    """Inside: `derived` runs `make()` in a capture (a training step's graph must recast changed masters)."""
+    token = _step_graph.set(True)
+    try:
+        yield
+    finally:
+        _step_graph.reset(token)
+
+
+def _state(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), None if t.is_inference() else t._version)
+
+
+def _forget_key(key) -> None:
+    _entries.pop(key, None)
+    _pinned.pop(key, None)
