@@ -8,9 +8,15 @@ Contract of the returned callable:
   `ValueError` naming the argument and the difference (a graph replays fixed addresses and sizes);
 - the output is a static tensor that the next call overwrites: `.clone()` it to keep it;
 - parameters and buffers are fixed for its lifetime. The graph reads the memory they (and any weight
-  copies the ops made, e.g. BF16 copies of FP32 masters) had at capture, so an in-place update or a
-  reassignment would be silently ignored; instead the callable checks their identity, storage and
-  version counters on every call and raises `RuntimeError` if any changed: capture again after updating.
+  copies the ops made before capture, e.g. BF16 copies of FP32 masters, see `sk.ops.weight_cache`) had at
+  capture, so an in-place update or a reassignment would be silently ignored; instead the callable checks
+  each one's identity, storage and version counter on every call and raises `RuntimeError` if any changed:
+  capture again after updating. The check reads each tensor's slot in its owner's `_parameters`/`_buffers`
+  (kept from capture) rather than walking the module tree: a few hundred nanoseconds per tensor. Inference
+  tensors have no version counter: for them identity and storage are checked.
+
+Per call from Python it costs the checks, one copy per input and the replay's launch: a few microseconds
+over `graph.replay()` (results/h200/geglu/README.md measures it).
 """
 from __future__ import annotations
 
@@ -46,24 +52,39 @@ class GraphedCallable:
                 for _ in range(warmup_iters):
                     module(*self._static_inputs)
             torch.cuda.current_stream().wait_stream(stream)
-            self._params = _snapshot(module)
+            self._params = _Snapshot(module)
             self._graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self._graph):
                 self._static_output = module(*self._static_inputs)
 
+        self._signature = tuple(_signature(a) for a in self._static_inputs)
+
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph:
+        """The captured graph (`graph.replay()` is what each call adds its checks and input copies to)."""
+        return self._graph
+
     def __call__(self, *args: torch.Tensor):
-        if len(args) != len(self._static_inputs):
-            raise ValueError(f"graphed callable: expected {len(self._static_inputs)} inputs, got {len(args)}")
-        for i, (a, s) in enumerate(zip(args, self._static_inputs)):
-            _check_input(i, a, s)
-        if _snapshot(self.module) != self._params:
+        statics = self._static_inputs
+        if len(args) != len(statics):
+            raise ValueError(f"graphed callable: expected {len(statics)} inputs, got {len(args)}")
+        for i, (a, sig) in enumerate(zip(args, self._signature)):
+            if type(a) is not torch.Tensor or _signature(a) != sig:
+                _check_input(i, a, statics[i])
+        if not self._params.unchanged():
             raise RuntimeError(
                 "graphed callable: a parameter or buffer of the module changed (in place or reassigned) after "
                 "capture; the graph would keep using the captured values. Call make_graphed_callables again.")
-        with torch.inference_mode(self._inference), torch.no_grad():
-            for a, s in zip(args, self._static_inputs):
+        # Context managers cost microseconds a call: entered only where needed. Buffers made under inference mode
+        # can be written only inside it; an input that requires grad would give the buffer autograd history.
+        if (self._inference and not torch.is_inference_mode_enabled()) or any(a.requires_grad for a in args):
+            with torch.inference_mode(self._inference), torch.no_grad():
+                for a, s in zip(args, statics):
+                    s.copy_(a)
+        else:
+            for a, s in zip(args, statics):
                 s.copy_(a)
-            self._graph.replay()
+        self._graph.replay()
         return self._static_output
 
 
@@ -87,9 +108,28 @@ def _check_input(i: int, a, s: torch.Tensor) -> None:
                              f"{want}; every input must match its sample (capture another graph for it)")
 
 
-def _snapshot(module: torch.nn.Module) -> list:
-    """What identifies each parameter's and buffer's current values: object, storage and version."""
-    state = []
-    for t in (*module.parameters(), *module.buffers()):
-        state.append((id(t), t.data_ptr(), None if t.is_inference() else t._version))
-    return state
+def _signature(t: torch.Tensor) -> tuple:
+    return (t.shape, t.dtype, t.device, t.layout, t.stride())
+
+
+class _Snapshot:
+    """Each parameter's and buffer's owner slot, object, storage and version at capture, checked per call."""
+
+    def __init__(self, module: torch.nn.Module):
+        self._slots = []  # (owner's _parameters or _buffers dict, name, tensor, data_ptr, version or None)
+        self._sizes = []  # (dict, number of entries): a tensor registered after capture changes it
+        for sub in module.modules():
+            for table in (sub._parameters, sub._buffers):
+                self._sizes.append((table, len(table)))
+                for name, t in table.items():
+                    if t is not None:
+                        self._slots.append((table, name, t, t.data_ptr(), None if t.is_inference() else t._version))
+        # Sub-modules added or removed after capture: their tensors would escape the slots above.
+        self._modules = [(sub._modules, len(sub._modules)) for sub in module.modules()]
+
+    def unchanged(self) -> bool:
+        for table, name, t, ptr, version in self._slots:
+            if table.get(name) is not t or t.data_ptr() != ptr or (version is not None and t._version != version):
+                return False
+        return (all(len(table) == n for table, n in self._sizes)
+                and all(len(children) == n for children, n in self._modules))

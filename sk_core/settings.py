@@ -25,6 +25,15 @@ def _flag(raw: str) -> bool:
     return raw == "1"
 
 
+def _choice(env: str, *options: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in options:
+            raise ValueError(f"{env}={raw!r}: expected one of {', '.join(options)}")
+        return value
+    return parse
+
+
 def _path(raw: str) -> Path:
     return Path(raw).expanduser()
 
@@ -72,6 +81,11 @@ SETTINGS: dict[str, Setting] = {
         "SK_GEGLU_CUTE", "1", _flag,
         "`0`: the GEGLU op keeps its Triton GEMMs where QuACK's CuTe-DSL GEMMs would run (SM90 with QuACK "
         "installed). Off under the Triton interpreter."),
+    "geglu_train_gemms": Setting(
+        "SK_GEGLU_TRAIN_GEMMS", "auto", _choice("SK_GEGLU_TRAIN_GEMMS", "auto", "triton", "cublas"),
+        "Which GEMMs the training forward of `fused_pre_norm_geglu` runs: `triton` (the fused kernels), `cublas` "
+        "(our LayerNorm and GEGLU kernels around cuBLAS products), `auto` (cuBLAS above the step-graph range, "
+        "m·d_model·d_ff > 2³²: results/h200/geglu/README.md)."),
     "step_graphs": Setting(
         "SK_STEP_GRAPHS", "1", _flag,
         "`0`: eager training steps of `fused_pre_norm_geglu` launch from Python every time instead of being "

@@ -72,3 +72,89 @@ def test_changed_parameters_are_refused():
         block.gate.weight.mul_(2)
     with torch.inference_mode(), pytest.raises(RuntimeError, match="changed .* after capture"):
         graphed(torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16))
+
+
+@gpu
+@pytest.mark.parametrize("change", ["reassigned", "data", "registered", "buffer"])
+def test_every_kind_of_parameter_change_is_refused(change):
+    block, graphed = graphed_block()
+    if change == "reassigned":
+        block.up.weight = torch.nn.Parameter(block.up.weight.detach().clone())
+    elif change == "data":
+        block.down.weight.data = block.down.weight.detach().clone()  # same object, other memory
+    elif change == "registered":
+        block.gate.register_parameter("extra", torch.nn.Parameter(torch.zeros(1, device="cuda")))
+    else:
+        block.register_buffer("scale", torch.ones(1, device="cuda"))
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="changed .* after capture"):
+        graphed(torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16))
+
+
+@gpu
+def test_a_module_built_under_inference_mode_is_graphed_and_guarded():
+    with torch.inference_mode():
+        block = PreNormGEGLUFFN().cuda().eval()
+        sample = torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16)
+        graphed = make_graphed_callables(block, (sample,))
+        x = torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16)
+        with sk.coverage.strict():
+            assert rel_err(graphed(x), block(x)) < 1e-3
+        block.gate.weight = torch.nn.Parameter(block.gate.weight * 2)
+        with pytest.raises(RuntimeError, match="changed .* after capture"):
+            graphed(x)
+
+
+def kernels_in_replay(graph: torch.cuda.CUDAGraph) -> list[str]:
+    """The names of the GPU kernels one replay of `graph` runs (the profiler sees a graph's kernels)."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+            and not e.name.startswith(("Memcpy", "Memset"))]
+
+
+@gpu
+@pytest.mark.parametrize("m,d,ff", [(1024, 768, 1448), (32, 2048, 16384)])
+@pytest.mark.parametrize("build", ["fp32 masters", "inference mode"])
+def test_no_weight_cast_runs_inside_the_replayed_graph_of_the_module(m, d, ff, build):
+    """FP32 masters: the BF16 (and folded) copies are made before capture and read by the graph, so one replay
+    runs exactly the kernels of the op called with BF16 weights, and no cast (copy/elementwise) kernel."""
+    make = lambda: PreNormGEGLUFFN(d, ff).cuda().eval()  # noqa: E731
+    if build == "inference mode":
+        with torch.inference_mode():
+            block = make()
+    else:
+        block = make()
+    sample = torch.randn(m, d, device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        graphed = make_graphed_callables(block, (sample,))
+        bf16 = PreNormGEGLUFFN(d, ff).cuda().eval().to(torch.bfloat16)
+        bf16.load_state_dict(block.state_dict())
+        graphed_bf16 = make_graphed_callables(bf16, (sample,))
+    ours, reference = kernels_in_replay(graphed.graph), kernels_in_replay(graphed_bf16.graph)
+    assert not [k for k in ours if "copy" in k.lower() or "elementwise" in k.lower()], ours
+    assert len(ours) == len(reference), (ours, reference)
+
+
+@gpu
+def test_capturing_before_any_call_is_a_recorded_miss_and_strict_refuses_it():
+    warm = PreNormGEGLUFFN().cuda().eval()
+    with torch.inference_mode():  # the kernels a capture without copies runs (the unfolded gate/up) compiled first
+        for fold in (True, False):
+            with sk.settings.override(geglu_fold_ln=fold):
+                warm(torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16))
+    block = PreNormGEGLUFFN().cuda().eval()  # fresh masters: no BF16 copy made yet
+    x = torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = block(x)
+        graph.replay()
+        assert rel_err(y, block(x)) < 1e-3  # correct: the casts are in the graph
+    reasons = {f["reason"] for f in sk.coverage.report()["fallbacks"]}
+    assert any("inside a CUDA-graph capture" in r for r in reasons), reasons
+    block = PreNormGEGLUFFN().cuda().eval()
+    with torch.inference_mode(), sk.coverage.strict(), pytest.raises(sk.CoverageError, match="call the op once"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            block(x)

@@ -70,7 +70,9 @@ def launch_config(n_rows: int, d: int) -> tuple[int, int]:
     return block, max(1, min(8, block // 256))
 
 
-def _launch(x2: torch.Tensor, y2: torch.Tensor, activation: str) -> None:
+def launch(x2: torch.Tensor, y2: torch.Tensor, activation: str) -> None:
+    """The kernel on 2-D views with unit stride along the last dim, no checks (for ops that run it inside
+    their own, e.g. `fused_pre_norm_geglu`'s training forward); activation: "silu", "gelu", "gelu_tanh"."""
     n_rows, d = y2.shape
     if n_rows == 0 or d == 0:
         return
@@ -109,7 +111,7 @@ def _compute_into(y: torch.Tensor, x: torch.Tensor, activation: str) -> None:
         y.copy_(act_and_mul_reference(x, activation))
         return
     y2 = rows_view(y)
-    _launch(rows_view(x), y2, activation)
+    launch(rows_view(x), y2, activation)
     if y2.data_ptr() != y.data_ptr():  # `out` was not viewable as rows: write the result back
         y.copy_(y2.view(y.shape))
 

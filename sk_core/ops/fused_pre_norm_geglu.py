@@ -65,6 +65,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from sk import coverage, settings
 from sk.ops._common import FLOAT_DTYPES, check_float, check_same_device
 from sk.ops import weight_cache
+from sk.ops.act_and_mul import launch as _act_launch
 from sk.ops._step_graphs import StepGraphs
 
 OP = "fused_pre_norm_geglu"
@@ -527,6 +528,24 @@ def compute_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return weight_cache.cast(OP, weight, dtype)
 
 
+def _gate_up_copies(wg: torch.Tensor, wu: torch.Tensor, dtype: torch.dtype):
+    """(gate, up, both): the gate and up weights in `dtype`. Masters in another dtype are cast into one cached
+    [gate; up] copy (`both`; gate and up are its halves), so that the backward's dgrad is one GEMM over
+    [dg | du] and the cuBLAS training forward one GEMM; weights already in `dtype` are used as they are
+    (`both` None: no second copy of them)."""
+    if wg.dtype == dtype and wu.dtype == dtype and wg.is_contiguous() and wu.is_contiguous():
+        return wg, wu, None
+    ff = wg.shape[0]
+
+    def make():
+        both = torch.empty((2 * ff, wg.shape[1]), dtype=dtype, device=wg.device)
+        both[:ff].copy_(wg.detach())
+        both[ff:].copy_(wu.detach())
+        return both
+    both = weight_cache.derived(OP, (wg, wu), ("gate_up", dtype), make)
+    return both[:ff], both[ff:], both
+
+
 # Inference calls fold the LayerNorm scale into cached gate/up weights (`_folded_gate_up`), so that the gate/up
 # kernel is a plain GEMM (both operands from shared memory). It costs a second copy of those weights per dtype;
 # SK_GEGLU_FOLD_LN=0 (`sk.settings`, "geglu_fold_ln") turns it off (then inference runs as training's forward does).
@@ -873,15 +892,57 @@ def _forward(
     folded = None if save_for_backward or not settings.get("geglu_fold_ln") else _folded_gate_up(
         ln_weight, ln_bias, gate_weight, gate_bias, up_weight, up_bias, x.dtype)
     if folded is None:
-        (wg, wu), fold = [_tma_ready(compute_weight(w, x.dtype)) for w in (gate_weight, up_weight)], None
+        wg, wu, both = _gate_up_copies(gate_weight, up_weight, x.dtype)
+        wg, wu, fold = _tma_ready(wg), _tma_ready(wu), None
     else:
         (wg, fold), wu = folded, None
+    wd = compute_weight(down_weight, x.dtype)
+    if save_for_backward and _cublas_training(m, d, ff):
+        return _forward_cublas(x, ln_weight, ln_bias, wg, gate_bias, wu, up_bias, both, wd, down_bias, eps,
+                               approximate)
     # The down bias is read as a contiguous vector (QuACK's from a 16-byte boundary too); rarely a copy.
     bd = None if down_bias is None else _tma_ready(down_bias.contiguous())
     return _forward_kernels(
         _tma_ready(x), ln_weight, ln_bias, wg, gate_bias, wu, up_bias,
-        _tma_ready(compute_weight(down_weight, x.dtype)), bd, eps, approximate, save_for_backward,
-        fold=fold)
+        _tma_ready(wd), bd, eps, approximate, save_for_backward, fold=fold)
+
+
+def _cublas_training(m: int, d: int, ff: int) -> bool:
+    """Whether a training forward runs its products on cuBLAS (`SK_GEGLU_TRAIN_GEMMS`, "geglu_train_gemms")."""
+    mode = settings.get("geglu_train_gemms")
+    return mode == "cublas" or (mode == "auto" and m * d * ff > STEP_GRAPH_MAX_WORK)
+
+
+def _forward_cublas(x, ln_w, ln_b, wg, bg, wu, bu, both, wd, bd, eps, approximate):
+    """The training forward as our LayerNorm kernel (statistics and the normalized activation, which the backward
+    keeps), one cuBLAS GEMM for [g | u] (the saved pre-activations are its output), our GEGLU kernel, and one
+    cuBLAS GEMM adding the residual in its epilogue. Returns what `_forward_kernels` returns."""
+    m, d = x.shape
+    ff = wd.shape[1]
+    dtype = x.dtype
+    stats = torch.empty((2, m), dtype=torch.float32, device=x.device)
+    xn = torch.empty((m, d), dtype=dtype, device=x.device)
+    if m:
+        block_d = _next_power_of_2(d)
+        rows_per_program = max(1, min(16, 2048 // block_d))
+        _ln_stats_kernel[(_cdiv(m, rows_per_program),)](
+            x, stats, ln_w, ln_b, xn, stats, m, d, eps, 0,
+            D_ALIGN=_align(d), HAS_LN_BIAS=ln_b is not None, STORE_XN=True, ARRIVALS_BLOCK=0, PDL=False,
+            BLOCK_M=rows_per_program, BLOCK_D=block_d, num_warps=min(16, max(1, rows_per_program * block_d // 512)))
+    if both is None:
+        gu = torch.empty((m, 2 * ff), dtype=dtype, device=x.device)
+        torch.mm(xn, wg.t(), out=gu[:, :ff])
+        torch.mm(xn, wu.t(), out=gu[:, ff:])
+    else:
+        gu = xn @ both.t()
+    if bg is not None or bu is not None:
+        gu += torch.cat([bg if bg is not None else wg.new_zeros(ff), bu if bu is not None else wu.new_zeros(ff)]
+                        ).to(dtype)
+    h = torch.empty((m, ff), dtype=dtype, device=x.device)
+    if m:
+        _act_launch(gu, h, "gelu_tanh" if approximate == "tanh" else "gelu")
+    residual = x if bd is None else (x.float() + bd.float()).to(dtype)
+    return torch.addmm(residual, h, wd.t()), stats, xn, gu
 
 
 _fused_pre_norm_geglu_op = torch.library.custom_op("sk::fused_pre_norm_geglu", mutates_args=())(_forward)
@@ -925,19 +986,22 @@ def _backward(ctx, dy, *_):
     dtype = x.dtype
     if dy.dtype != dtype or not dy.is_contiguous():
         dy = dy.to(dtype, memory_format=torch.contiguous_format)
-    cwg, cwu, cwd = (compute_weight(w, dtype) for w in (wg, wu, wd))
+    cwg, cwu, both = _gate_up_copies(wg, wu, dtype)
+    cwd = compute_weight(wd, dtype)
     need = ctx.needs_input_grad
     eager = _eager(dy)
 
     dh = dy @ cwd
     dgu, h = (_geglu_backward_act if eager else _geglu_backward_act_op)(dh, gu, x.shape[1], ctx.approximate)
-    dg, du = dgu[:, :ff], dgu[:, ff:]
-    dxn = dg @ cwg
-    dxn.addmm_(du, cwu)
+    if both is not None:  # one GEMM over [dg | du] and [gate; up]
+        dxn = dgu @ both
+    else:
+        dxn = dgu[:, :ff] @ cwg
+        dxn.addmm_(dgu[:, ff:], cwu)
     dx, d_ln = (_ln_backward if eager else _ln_backward_op)(dxn, x, dy, stats, ln_w, ff)
     acc = stats.dtype  # fp32 (fp64 for fp64 inputs): every reduction runs in it
     if need[3] or need[5]:  # gate and up weight grads in one GEMM (views of it are the grads)
-        d_gu_w = (dgu.t() @ xn).to(torch.promote_types(wg.dtype, wu.dtype))
+        d_gu_w = _mm_as(dgu.t(), xn, torch.promote_types(wg.dtype, wu.dtype))
     d_gu_b = dgu.sum(0, dtype=acc) if need[4] or need[6] else None
 
     ln_b_dtype, bg_dtype, bu_dtype, bd_dtype = ctx.bias_dtypes
@@ -950,7 +1014,7 @@ def _backward(ctx, dy, *_):
         d_gu_b[:ff].to(bg_dtype) if need[4] else None,
         d_gu_w[ff:].to(wu.dtype) if need[5] else None,
         d_gu_b[ff:].to(bu_dtype) if need[6] else None,
-        (dy.t() @ h).to(wd.dtype) if need[7] else None,
+        _mm_as(dy.t(), h, wd.dtype) if need[7] else None,
         d_ln[2].to(bd_dtype) if need[8] else None,
         None, None, None,
     )
@@ -959,7 +1023,35 @@ def _backward(ctx, dy, *_):
 _fused_pre_norm_geglu_op.register_autograd(_backward, setup_context=_setup_op_context)
 
 
-_step_graphs = StepGraphs(OP, _forward, _setup_context, _backward, settings=lambda: (_pdl_on(),))
+def _mm_as(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """a @ b in `dtype`: a weight gradient for an FP32 master straight from the fp32 accumulator (one GEMM
+    writing fp32, instead of a bf16 product and a cast pass over it) where cuBLAS offers it (`out_dtype`, CUDA
+    bf16/fp16 operands); else the product cast."""
+    if dtype == torch.float32 and a.dtype in (torch.bfloat16, torch.float16) and a.is_cuda and _mm_out_dtype_ok(a):
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return (a @ b).to(dtype)
+
+
+_out_dtype_probes: dict = {}
+
+
+def _mm_out_dtype_ok(a: torch.Tensor) -> bool:
+    """Whether torch.mm takes `out_dtype` for `a`'s dtype and device, probed once outside any capture (inside
+    one, unprobed means no: the probe would be captured)."""
+    key = (a.dtype, a.device)
+    if key not in _out_dtype_probes:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        try:
+            one = torch.ones((1, 1), dtype=a.dtype, device=a.device)
+            _out_dtype_probes[key] = torch.mm(one, one, out_dtype=torch.float32).dtype == torch.float32
+        except (TypeError, RuntimeError):
+            _out_dtype_probes[key] = False
+    return _out_dtype_probes[key]
+
+
+_step_graphs = StepGraphs(OP, _forward, _setup_context, _backward,
+                          settings=lambda: (_pdl_on(), settings.get("geglu_train_gemms")))
 # Training steps are replayed from CUDA graphs (see `_step_graphs.py`) up to this much work, m·d_model·d_ff:
 # there the host's launch cost (~0.3-2 ms a step) is above the kernels' time (18·m·d·ff FLOP, ~0.1 ms at 2^32)
 # and a slot's memory stays moderate (160 MiB at the seed shape, m·d·ff ≈ 2^30, growing about in proportion);

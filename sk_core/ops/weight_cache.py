@@ -79,7 +79,7 @@ def cast(op: str, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if weight.dtype == dtype and weight.is_contiguous():
         return weight
     return derived(op, (weight,), ("cast", dtype),
-                   lambda: weight.detach().to(dtype, memory_format=torch.contiguous_format))
+                   lambda: torch.empty(weight.shape, dtype=dtype, device=weight.device).copy_(weight.detach()))
 
 
 def is_cached(sources: Sequence[torch.Tensor | None], tag: Hashable) -> bool:

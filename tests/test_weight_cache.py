@@ -1,0 +1,79 @@
+"""sk.ops.weight_cache: derived weight copies made once, re-made when a source changes (version counter, storage,
+identity), inference tensors cached on identity and storage, traced tensors never cached. The CUDA-graph rules
+(pinned copies, the recorded capture miss) are tested on the GPU in tests/test_cuda_graphs.py."""
+import torch
+
+from sk.ops import weight_cache
+
+
+def test_a_cast_is_made_once_and_remade_after_an_in_place_update():
+    w = torch.randn(8, 4, requires_grad=True)
+    first = weight_cache.cast("op", w, torch.float16)
+    assert weight_cache.cast("op", w, torch.float16) is first
+    with torch.no_grad():
+        w.mul_(3)  # an optimizer step advances the version counter
+    second = weight_cache.cast("op", w, torch.float16)
+    assert second is not first and torch.equal(second, w.detach().half())
+
+
+def test_a_weight_already_in_the_compute_dtype_is_used_as_it_is():
+    w = torch.randn(8, 4, dtype=torch.float16)
+    assert weight_cache.cast("op", w, torch.float16) is w
+    t = torch.randn(4, 8, dtype=torch.float16).t()  # not contiguous: a copy, cached
+    assert weight_cache.cast("op", t, torch.float16).is_contiguous()
+
+
+def test_new_storage_under_the_same_tensor_is_seen():
+    w = torch.nn.Parameter(torch.randn(8, 4))
+    first = weight_cache.cast("op", w, torch.float16)
+    w.data = torch.randn(8, 4)  # same object, other memory (the version counter does not move)
+    second = weight_cache.cast("op", w, torch.float16)
+    assert second is not first and torch.equal(second, w.detach().half())
+
+
+def test_inference_tensors_are_cached_on_identity_and_storage_until_forgotten():
+    with torch.inference_mode():
+        w = torch.randn(8, 4)
+    calls = []
+
+    def make():
+        calls.append(1)
+        return w.half()
+    first = weight_cache.derived("op", (w,), "tag", make)
+    assert weight_cache.derived("op", (w,), "tag", make) is first and len(calls) == 1
+    assert weight_cache.is_cached((w,), "tag")
+    with torch.inference_mode():
+        w.add_(1)  # allowed inside inference mode, unseen by the cache (no version counter): documented
+    assert weight_cache.derived("op", (w,), "tag", make) is first
+    weight_cache.forget(w)
+    assert not weight_cache.is_cached((w,), "tag")
+    assert torch.equal(weight_cache.derived("op", (w,), "tag", make), w.half()) and len(calls) == 2
+
+
+def test_several_sources_and_none_entries_key_one_value():
+    a, b = torch.randn(4), torch.randn(4)
+    v = weight_cache.derived("op", (a, None, b), "sum", lambda: a + b)
+    assert weight_cache.derived("op", (a, None, b), "sum", lambda: a - b) is v
+    assert weight_cache.derived("op", (b, None, a), "sum", lambda: a - b) is not v  # order is part of the key
+    with torch.no_grad():
+        b.add_(1)
+    assert torch.equal(weight_cache.derived("op", (a, None, b), "sum", lambda: a + b), a + b)
+
+
+def test_entries_go_with_their_sources_and_report_their_size():
+    weight_cache.clear()
+    w = torch.randn(16, 16)
+    weight_cache.cast("op", w, torch.float16)
+    assert weight_cache.size_bytes() == 16 * 16 * 2
+    del w
+    assert weight_cache.size_bytes() == 0
+
+
+def test_traced_tensors_are_never_cached():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        w = mode.from_tensor(torch.randn(8, 4)) if hasattr(mode, "from_tensor") else torch.randn(8, 4)
+        calls = []
+        for _ in range(2):
+            weight_cache.derived("op", (w,), "tag", lambda: calls.append(1) or w)
+    assert len(calls) == 2
