@@ -151,7 +151,9 @@ def test_capturing_before_any_call_is_a_recorded_miss_and_strict_refuses_it():
         with torch.cuda.graph(graph):
             y = block(x)
         graph.replay()
-        assert rel_err(y, block(x)) < 1e-3  # correct: the casts are in the graph
+        # Correct: the casts are in the graph. It runs the unfolded gate/up (no fold was made before it) while
+        # eager runs the folded one: each rounds differently, within a few bf16 steps (2^-8) of each other.
+        assert rel_err(y, block(x)) < 8e-3
     reasons = {f["reason"] for f in sk.coverage.report()["fallbacks"]}
     assert any("inside a CUDA-graph capture" in r for r in reasons), reasons
     block = PreNormGEGLUFFN().cuda().eval()

@@ -149,6 +149,21 @@ def test_interpreted_forward_and_backward_through_the_op(approximate, gemms, poi
 
 
 @needs_interpreter
+@pytest.mark.parametrize("gemms", ["triton", "cublas"])
+def test_interpreted_backward_of_a_sum_reads_the_expanded_gradient_densely(gemms, settings_override):
+    """`y.sum().backward()` hands the backward an expanded dy (all strides 0): it is made dense before the
+    kernels and cuBLAS read it as rows."""
+    settings_override(geglu_train_gemms=gemms, step_graphs=False)
+    m, d, ff = 5, 24, 40
+    params = make_params(d, ff)
+    x = make_x(m, d, torch.float16)
+    got = grads_of(lambda x, *p: sk.ops.fused_pre_norm_geglu(x, *p, EPS).sum(), x, params, None)
+    want = grads_of(lambda x, *p: fp64_block(x, *p).sum(), x, params, None)
+    for name, g, w in zip(("x",) + NAMES, got, want):
+        assert rel_err(g, w) < GRAD_TOL[torch.float16], name
+
+
+@needs_interpreter
 def test_interpreted_inference_statistics_with_a_large_mean():
     """Inference with mean/std = 1000: the statistics pass stays exact (two passes), the folded GEMM's error
     grows with mean/std (see `_folded_gate_up`): here about 1e-4 on fp32."""

@@ -984,8 +984,8 @@ def _backward(ctx, dy, *_):
                            f"grad mode on and an input that requires grad")
     ff = wg.shape[0]
     dtype = x.dtype
-    if dy.dtype != dtype or not dy.is_contiguous():
-        dy = dy.to(dtype, memory_format=torch.contiguous_format)
+    # The kernels and cuBLAS read dy as dense rows; `.to` alone would keep an expanded dy (`y.sum().backward()`).
+    dy = dy.to(dtype).contiguous()
     cwg, cwu, both = _gate_up_copies(wg, wu, dtype)
     cwd = compute_weight(wd, dtype)
     need = ctx.needs_input_grad

@@ -432,8 +432,9 @@ def row_stats_counters(device: torch.device) -> torch.Tensor | None:
     if index not in _counter_blocks:
         if capturing:
             return None
-        _counter_blocks[index], _counters_used[index] = torch.zeros(2 * COUNTER_PAIRS, dtype=torch.int32,
-                                                                    device=device), 0
+        with torch.inference_mode(False):  # a plain tensor, whatever mode the first call runs in
+            _counter_blocks[index] = torch.zeros(2 * COUNTER_PAIRS, dtype=torch.int32, device=device)
+        _counters_used[index] = 0
         torch.cuda.synchronize(device)  # zero before any stream uses it
     stream = torch.cuda.current_stream(device).cuda_stream
     if not capturing and (index, stream) in _stream_counters:
