@@ -72,6 +72,10 @@ SETTINGS: dict[str, Setting] = {
         "SK_GEGLU_CUTE", "1", _flag,
         "`0`: the GEGLU op keeps its Triton GEMMs where QuACK's CuTe-DSL GEMMs would run (SM90 with QuACK "
         "installed). Off under the Triton interpreter."),
+    "gated_mlp_pdl": Setting(
+        "SK_GATED_MLP_PDL", "1", _flag,
+        "`0`: the kernels of `fused_gated_mlp` launch in plain stream order instead of as programmatic dependent "
+        "launches (Hopper) where their config asks for them. Off under the Triton interpreter."),
     "step_graphs": Setting(
         "SK_STEP_GRAPHS", "1", _flag,
         "`0`: eager training steps of `fused_pre_norm_geglu` launch from Python every time instead of being "
