@@ -398,3 +398,37 @@ def test_gpu_chained_layers_match_stream_order():
         for _ in range(3):
             graph.replay()
             assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+# ------------------------------------------------------------------------------------ compiled for sm90 (any machine)
+
+_COMPILE_CHECK = r"""
+import dataclasses, json, re, sys
+sys.path.insert(0, "benchmarks")
+from compile_report_gated_mlp import compile_kernel, report, tk
+found = report()
+c = dataclasses.replace(tk.choose_configs(8, 4096, 14336, 132)[0], stats_in_loop=True)
+k = compile_kernel("gate_up", c, 4096, 14336, residual=False, layer=True)
+found["gate_up in-loop statistics"] = {"stages": c.num_stages, "wgmma": "wgmma" in k.asm["ptx"], "buffers": [
+    int(n) for n in re.findall(r"ttg\.local_alloc : \(\) -> !ttg\.memdesc<(\d+)x\d+x\d+x", k.asm["ttgir"])]}
+print(json.dumps(found))
+"""
+
+
+def test_table_configs_compile_for_sm90_on_wgmma_with_every_operand_fully_buffered():
+    """No interpreter shows a pipelining race: compile both GEMM kernels for sm90 (Triton's own ptxas, no GPU) at
+    every shape class's config, and the gate/up kernel with the statistics summed in its loop, and check that
+    both operand tiles get num_stages shared buffers (the GEGLU op's H200 failure: one fewer for a tile also
+    read from registers) and that the products run on wgmma. Subprocess: without the interpreter."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _COMPILE_CHECK], cwd=repo, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for kernel, r in json.loads(out.stdout.splitlines()[-1]).items():
+        assert r["wgmma"] and r["buffers"] == [r["stages"]] * 2, (kernel, r)
