@@ -86,6 +86,10 @@ SETTINGS: dict[str, Setting] = {
         "Which GEMMs the training forward of `fused_pre_norm_geglu` runs: `triton` (the fused kernels), `cublas` "
         "(our LayerNorm and GEGLU kernels around cuBLAS products), `auto` (cuBLAS above the step-graph range, "
         "m·d_model·d_ff > 2³²: results/h200/geglu/README.md)."),
+    "gated_mlp_pdl": Setting(
+        "SK_GATED_MLP_PDL", "1", _flag,
+        "`0`: the kernels of `fused_gated_mlp` launch in plain stream order instead of as programmatic dependent "
+        "launches (Hopper) where their config asks for them. Off under the Triton interpreter."),
     "step_graphs": Setting(
         "SK_STEP_GRAPHS", "1", _flag,
         "`0`: eager training steps of `fused_pre_norm_geglu` launch from Python every time instead of being "

@@ -1,0 +1,465 @@
+"""Triton kernels of the gated-MLP block (inference: bf16/fp16 on SM90; fp32/fp16 under TRITON_INTERPRET=1 for
+the CPU tests), their launchers and the launch-config table.
+
+Up to three kernels per call:
+  S. `_stats_kernel` (skipped when the gate/up config has `stats_in_loop` and there is no residual): per row,
+     h = round(x + residual) (stored: the op's residual_out) and its statistics in fp32, exactly in two passes
+     over the row held in registers: rstd (and, for "layer", the mean), 8 bytes a row.
+  A. `_gate_up_kernel`: one GEMM h @ W'ᵀ on the prepared weights (`weights.py`: norm scale folded in, gate and
+     up rows interleaved), so both operands go from TMA into shared memory into the tensor cores untouched;
+     the epilogue applies rstd (and the mean correction), the biases, act(g)·u in fp32, rounds once and
+     stores a [M, d_ff]. For small M (`swap_ab`) the product runs transposed, W'·hᵀ, so that the weight tile
+     takes wgmma's 64-row side and the few token rows (padded to 16 by TMA's zero fill) its narrow side.
+     Nothing else reads the h tile that TMA brings in: Triton 3.6's pipeliner gives a wgmma operand that is
+     also read from registers one shared-memory buffer fewer than the async wgmma in flight needs, a race
+     (see `sk_core/ops/fused_pre_norm_geglu.py`'s docstring and its test of the compiled kernel's buffers).
+     So with `stats_in_loop` (residual None only) the statistics come from a second, plain pointer load of the
+     same x block in the K loop (from L2), never from the TMA tile; the one-pass variance it computes for
+     "layer" loses precision when |mean|/std is large, which is why the statistics kernel is the default.
+  B. `_down_kernel`: out = a @ Wdᵀ (+ bd). When the output has too few tiles to fill the GPU (decode: d_model /
+     BLOCK_N tiles), K is split across programs that each write an fp32 partial; the last program to finish a
+     tile (an acq_rel atomic counter, zeroed by program 0 of kernel A: no memset launch) sums the partials in
+     split order: the same bits every run.
+Where the gate/up config asks for it (`dependent_launch`) and not interpreted, the kernels launch as
+programmatic dependent launches (Hopper's PDL), as the GEGLU op's do: S waits for the kernel before the op and
+then lets A launch; A waits for S before reading what S wrote (h: before its main loop when there is a
+residual; otherwise only the statistics, in its epilogue) and lets B launch at its start or after its stores;
+B waits for A before reading a. A kernel that is the op's first (A with `stats_in_loop`) waits first.
+
+Operands are read through TMA descriptors: rows of 16 bytes' multiples (d_model and d_ff multiples of 8), a
+16-byte-aligned base (`tma_ready`); other widths take the op's recorded fallback.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from sk import settings
+
+_SQRT_HALF = tl.constexpr(0.7071067811865476)  # globals a Triton kernel reads must be constexpr
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+TMA_ALIGN = 8  # elements: GEMM operand rows must be multiples of 16 bytes for TMA
+
+
+# ----------------------------------------------------------------------------------------------- kernels
+
+@triton.jit
+def _erf(x):
+    # Abramowitz & Stegun 7.1.26: |error| < 1.5e-7 (fp32 precision) with one exp; libdevice's erf is slower.
+    t = 1.0 / (1.0 + 0.3275911 * tl.abs(x))
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    y = 1.0 - poly * tl.exp(-x * x)
+    return tl.where(x < 0, -y, y)
+
+
+@triton.jit
+def _activate(g, ACT: tl.constexpr):
+    if ACT == "silu":
+        return g * tl.sigmoid(g)
+    elif ACT == "gelu":
+        return 0.5 * g * (1.0 + _erf(g * _SQRT_HALF))
+    else:  # gelu_tanh: tanh(z) = 2·sigmoid(2z) − 1, exact in fp32 and available in the interpreter
+        z = _SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
+        return g * tl.sigmoid(2.0 * z)
+
+
+@triton.jit
+def _tile_coords(pid, num_m, num_n, GROUP_M: tl.constexpr):
+    """Grouped ordering: GROUP_M row tiles walk the columns together, so their operands stay in L2."""
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    return first_m + (pid % width) % size_m, (pid % width) // size_m
+
+
+@triton.jit
+def _tile_product(a_desc, b_desc, a_row, b_row, k_first, K_STEPS: tl.constexpr, SWAP_AB: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A·Bᵀ in fp32 for BLOCK_M rows of A from a_row and BLOCK_N rows of B from b_row, over K_STEPS blocks of
+    K from block k_first; SWAP_AB computes it as (B·Aᵀ)ᵀ (B's rows on wgmma's 64-row side)."""
+    acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(K_STEPS, loop_unroll_factor=1):
+        a = a_desc.load([a_row, (k_first + k) * BLOCK_K])
+        b = b_desc.load([b_row, (k_first + k) * BLOCK_K])
+        if SWAP_AB:
+            acc = tl.dot(b, a.T, acc)
+        else:
+            acc = tl.dot(a, b.T, acc)
+    if SWAP_AB:
+        acc = acc.T
+    return acc
+
+
+@triton.jit(do_not_specialize=["n_rows", "eps"])
+def _stats_kernel(
+    x_ptr, r_ptr, h_ptr, stats_ptr, n_rows, d, eps,
+    D_ALIGN: tl.constexpr, HAS_RESIDUAL: tl.constexpr, LAYER: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # stats is [2, n_rows] fp32: mean (0 unless LAYER), then rstd.
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    row_stride = d // D_ALIGN * D_ALIGN  # == d, written so the compiler knows its alignment (wide loads)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)[None, :]
+    row_ok = rows < n_rows
+    mask = row_ok[:, None] & (cols < d)
+    offs = rows.to(tl.int64)[:, None] * row_stride + cols
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + offs, mask=mask, other=0.0)
+        hq = (x.to(tl.float32) + r.to(tl.float32)).to(h_ptr.dtype.element_ty)  # rounded, as the engines do
+        tl.store(h_ptr + offs, hq, mask=mask)
+        h = hq.to(tl.float32)
+    else:
+        h = x.to(tl.float32)
+    if LAYER:
+        mean = tl.sum(h, axis=1) / d
+        centered = tl.where(mask, h - mean[:, None], 0.0)
+        var = tl.sum(centered * centered, axis=1) / d
+    else:
+        mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        var = tl.sum(h * h, axis=1) / d
+    tl.store(stats_ptr + rows, mean, mask=row_ok)
+    tl.store(stats_ptr + n_rows + rows, tl.rsqrt(var + eps), mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["n_rows", "eps", "n_arrivals"])
+def _gate_up_kernel(
+    h_desc, w_desc, h_ptr, stats_ptr, colsum_ptr, shift_ptr, a_ptr, arrivals_ptr, n_rows, d, ff, eps, n_arrivals,
+    D_ALIGN: tl.constexpr, FF_ALIGN: tl.constexpr, K_BLOCKS: tl.constexpr, LAYER: tl.constexpr,
+    HAS_SHIFT: tl.constexpr, ACT: tl.constexpr, SWAP_AB: tl.constexpr, STATS_IN_LOOP: tl.constexpr,
+    PDL: tl.constexpr, WAIT_FIRST: tl.constexpr, DOWN_AT_START: tl.constexpr, ARRIVALS_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # BLOCK_N counts weight rows: a tile computes BLOCK_N / 2 columns of a (gate and up rows interleaved).
+    # TMA zero-fills past every edge (rows past n_rows, k past d_model, weight rows past 2·d_ff): no masks in
+    # the loop; the stores are masked.
+    if PDL and WAIT_FIRST:
+        gdc_wait()
+    if PDL and DOWN_AT_START:
+        gdc_launch_dependents()
+    if ARRIVALS_BLOCK > 0:  # the down kernel's split-K arrival counters; it reads them after this grid ends
+        if tl.program_id(0) == 0:
+            counters = tl.arange(0, ARRIVALS_BLOCK)
+            tl.store(arrivals_ptr + counters, tl.zeros((ARRIVALS_BLOCK,), tl.int32), mask=counters < n_arrivals)
+    HALF: tl.constexpr = BLOCK_N // 2
+    num_m, num_n = tl.cdiv(n_rows, BLOCK_M), tl.cdiv(2 * ff, BLOCK_N)
+    pid_m, pid_n = _tile_coords(tl.program_id(0), num_m, num_n, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < n_rows
+    if STATS_IN_LOOP:
+        # The statistics from a second, plain load of the x block (never from the TMA tile: see the docstring).
+        row_stride = d // D_ALIGN * D_ALIGN
+        acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+        s1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        s2 = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k in tl.range(K_BLOCKS, loop_unroll_factor=1):
+            a = h_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+            b = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
+            if SWAP_AB:
+                acc = tl.dot(b, a.T, acc)
+            else:
+                acc = tl.dot(a, b.T, acc)
+            k_offs = k * BLOCK_K + tl.arange(0, BLOCK_K)
+            xs = tl.load(h_ptr + offs_m.to(tl.int64)[:, None] * row_stride + k_offs[None, :],
+                         mask=row_ok[:, None] & (k_offs < d)[None, :], other=0.0).to(tl.float32)
+            s1 += tl.sum(xs, axis=1)
+            s2 += tl.sum(xs * xs, axis=1)
+        if SWAP_AB:
+            acc = acc.T
+        if LAYER:
+            mean = s1 / d
+            rstd = tl.rsqrt(tl.maximum(s2 / d - mean * mean, 0.0) + eps)
+        else:
+            mean = s1 * 0.0
+            rstd = tl.rsqrt(s2 / d + eps)
+    else:
+        acc = _tile_product(h_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K_BLOCKS, SWAP_AB,
+                            BLOCK_M, BLOCK_N, BLOCK_K)
+        if PDL and not WAIT_FIRST:
+            gdc_wait()  # the statistics kernel has finished: its rstd (and mean) are in memory
+        mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)
+        rstd = tl.load(stats_ptr + n_rows + offs_m, mask=row_ok, other=0.0)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols_ok = cols < 2 * ff
+    if LAYER:
+        acc -= mean[:, None] * tl.load(colsum_ptr + cols, mask=cols_ok, other=0.0)[None, :]
+    acc = acc * rstd[:, None]
+    if HAS_SHIFT:
+        acc += tl.load(shift_ptr + cols, mask=cols_ok, other=0.0)[None, :]
+    g, u = tl.split(tl.reshape(acc, (BLOCK_M, HALF, 2)))  # even columns gate, odd up
+    out = (_activate(g, ACT) * u).to(a_ptr.dtype.element_ty)
+    ff_stride = ff // FF_ALIGN * FF_ALIGN  # == ff (alignment known to the compiler: wide stores)
+    out_cols = pid_n * HALF + tl.arange(0, HALF)
+    tl.store(a_ptr + offs_m.to(tl.int64)[:, None] * ff_stride + out_cols[None, :], out,
+             mask=row_ok[:, None] & (out_cols < ff)[None, :])
+    if PDL and not DOWN_AT_START:
+        gdc_launch_dependents()
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _down_kernel(
+    a_desc, wd_desc, bd_ptr, y_desc, partial_ptr, arrivals_ptr, n_rows, d,
+    K_BLOCKS_PER_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr,
+    PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    if PDL:
+        gdc_wait()  # everything this reads (a, the zeroed counters) comes from the gate/up kernel
+    tile = tl.program_id(0)
+    pid_m, pid_n = _tile_coords(tile, tl.cdiv(n_rows, BLOCK_M), tl.cdiv(d, BLOCK_N), GROUP_M)
+    k_first = tl.program_id(1) * K_BLOCKS_PER_SPLIT
+    acc = _tile_product(a_desc, wd_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k_first, K_BLOCKS_PER_SPLIT, SWAP_AB,
+                        BLOCK_M, BLOCK_N, BLOCK_K)
+    if SPLIT_K > 1:
+        # partial is [SPLIT_K, n_rows, d] fp32. As CUTLASS's serial split-K: plain stores, a barrier, one
+        # release (the counter); the last arriving program acquires it and sums in split order.
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (offs_m < n_rows)[:, None] & (offs_n < d)[None, :]
+        partial_ptrs = partial_ptr + offs_m.to(tl.int64)[:, None] * d + offs_n[None, :]
+        split_stride = n_rows.to(tl.int64) * d
+        tl.store(partial_ptrs + tl.program_id(1) * split_stride, acc, mask=mask)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for split in tl.static_range(SPLIT_K):
+                acc += tl.load(partial_ptrs + split * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
+            _down_epilogue(acc, bd_ptr, y_desc, pid_m, pid_n, d, HAS_BIAS, BLOCK_M, BLOCK_N)
+    else:
+        _down_epilogue(acc, bd_ptr, y_desc, pid_m, pid_n, d, HAS_BIAS, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _down_epilogue(acc, bd_ptr, y_desc, pid_m, pid_n, d, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    if HAS_BIAS:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc += tl.load(bd_ptr + offs_n, mask=offs_n < d, other=0.0).to(tl.float32)[None, :]
+    y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y_desc.dtype))
+
+
+# ----------------------------------------------------------------------------------------------- launch configs
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """Tile shape and launch of one GEMM kernel.
+
+    block_n: weight rows per tile (gate/up: gate and up interleaved, so BLOCK_N / 2 output columns).
+    split_k (down only): 1 none, n > 1 exactly n (fewer if K has fewer blocks), 0 automatic: enough splits
+        for `split_waves` waves of programs on the GPU's SMs, each split at least 2 K blocks.
+    swap_ab: W·xᵀ instead of x·Wᵀ where the rows are fewer than wgmma's 64.
+    dependent_launch (gate/up only; read for the whole call): "none" (plain stream order), "at_start" (the
+        down kernel launches once every gate/up program started) or "after_stores".
+    stats_in_loop (gate/up only): without a residual, no statistics kernel: gate/up sums the row statistics
+        from its own K loop (see the module docstring).
+    source: the committed result this entry was chosen from, or "untuned".
+    """
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+    split_k: int = 1
+    split_waves: float = 2.0
+    swap_ab: bool = False
+    dependent_launch: str = "none"
+    stats_in_loop: bool = False
+    source: str = "untuned"
+
+    def fitted(self, m: int, n: int, k: int) -> "GemmConfig":
+        """Blocks no larger than the problem (16 is tl.dot's smallest side); swapped only below 64 rows."""
+        def fit(block, size):
+            return min(block, max(16, _next_power_of_2(size)))
+        block_m = fit(self.block_m, m)
+        return dataclasses.replace(self, block_m=block_m, block_n=fit(self.block_n, n), block_k=fit(self.block_k, k),
+                                   swap_ab=self.swap_ab and block_m < 64)
+
+
+# Shape classes by the number of rows M (the tokens of a step); the table holds one (gate_up, down) pair per
+# class, `TUNED` overrides it for a (class, d_model, d_ff). Hopper starting points, not yet timed (the lead
+# sweeps them on the H200: benchmarks/bench_gated_mlp.py --sweep; an entry chosen there names its committed
+# result in `source`). Shared memory per stage is (block_m + block_n) · block_k · 2 bytes, at most ~220 KB
+# for all stages.
+# - m8 / m32 (decode): weight streaming. Products transposed (the weight tile is wgmma's M side, tokens padded
+#   to 16/32), 128 weight rows × 128 of K a stage, 4 stages (~150 KB in flight per SM, far above what an SM
+#   needs to saturate its share of HBM); the down GEMM split over K to ≥ 2 waves of programs (its d_model/128
+#   tiles are a quarter of the SMs); gate/up lets the down kernel launch at its start. Gate/up tiles are
+#   halved (64 weight rows) when 128-row tiles would leave SMs idle (`choose_configs`).
+# - m128: 64-row tiles, no swap; down split to fill the GPU.
+# - m1024, large (prefill): 128 × 128 / 128 × 256 tiles, 8 warps, grouped row order (GROUP_M 8).
+M_CLASSES = ((8, "m8"), (32, "m32"), (128, "m128"), (1024, "m1024"))
+GATE_UP_CONFIGS = {
+    "m8": GemmConfig(16, 128, 128, 4, 4, swap_ab=True, dependent_launch="at_start"),
+    "m32": GemmConfig(32, 128, 128, 4, 4, swap_ab=True, dependent_launch="at_start"),
+    "m128": GemmConfig(64, 128, 64, 4, 4),
+    "m1024": GemmConfig(128, 128, 64, 8, 4),
+    "large": GemmConfig(128, 256, 64, 8, 3),
+}
+DOWN_CONFIGS = {
+    "m8": GemmConfig(16, 128, 128, 4, 4, split_k=0, swap_ab=True),
+    "m32": GemmConfig(32, 128, 128, 4, 4, split_k=0, swap_ab=True),
+    "m128": GemmConfig(64, 128, 64, 4, 4, split_k=0),
+    "m1024": GemmConfig(128, 128, 64, 8, 4, split_k=0),
+    "large": GemmConfig(128, 256, 64, 8, 3),
+}
+# (class, d_model, d_ff) -> (gate_up, down), each with `source` naming its committed sweep result. Empty until
+# the H200 sweep.
+TUNED: dict[tuple[str, int, int], tuple[GemmConfig, GemmConfig]] = {}
+MAX_SPLIT_K = 16
+
+
+def shape_class(m: int) -> str:
+    return next((name for bound, name in M_CLASSES if m <= bound), "large")
+
+
+def fit_configs(gate_up: GemmConfig, down: GemmConfig, m: int, d: int, ff: int, sms: int
+                ) -> tuple[GemmConfig, GemmConfig]:
+    """Both configs fitted to the problem: blocks no larger than it, down's automatic split resolved."""
+    gate_up = gate_up.fitted(m, 2 * ff, d)
+    down = down.fitted(m, d, ff)
+    k_blocks = _cdiv(ff, down.block_k)
+    split = down.split_k
+    if split == 0:
+        tiles = _cdiv(m, down.block_m) * _cdiv(d, down.block_n)
+        split = min(MAX_SPLIT_K, max(1, k_blocks // 2), _cdiv(int(down.split_waves * sms), tiles))
+    split = max(1, min(split, k_blocks))
+    split = _cdiv(k_blocks, _cdiv(k_blocks, split))  # no empty splits
+    return gate_up, dataclasses.replace(down, split_k=split)
+
+
+@functools.lru_cache(maxsize=512)
+def choose_configs(m: int, d: int, ff: int, sms: int) -> tuple[GemmConfig, GemmConfig]:
+    """(gate_up, down) configs for m rows of (d_model d, d_ff ff) on a GPU of `sms` SMs."""
+    cls = shape_class(m)
+    gate_up, down = TUNED.get((cls, d, ff)) or (GATE_UP_CONFIGS[cls], DOWN_CONFIGS[cls])
+    if gate_up.swap_ab and (cls, d, ff) not in TUNED:
+        # Decode: fewer weight rows per tile while the gate/up grid would leave SMs idle (64: wgmma's M side).
+        block_n = gate_up.block_n
+        while block_n > 64 and _cdiv(2 * ff, block_n) < sms:
+            block_n //= 2
+        gate_up = dataclasses.replace(gate_up, block_n=block_n)
+    return fit_configs(gate_up, down, m, d, ff, sms)
+
+
+# Host-side integer helpers in plain Python: triton's cost microseconds a call.
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _align(n: int) -> int:
+    """The largest power of two up to 16 dividing n: the row alignment the kernels may assume."""
+    return min(16, n & -n)
+
+
+@functools.lru_cache(maxsize=16)
+def sm_count(device: torch.device) -> int:
+    """The GPU's SMs; 4 in the interpreter (CPU tensors), so that automatic splits happen in the tests too."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+# ----------------------------------------------------------------------------------------------- launchers
+
+INTERPRETED = settings.get("triton_interpret")
+
+
+def pdl_on() -> bool:
+    """Programmatic dependent launch: on where the config asks, except in the interpreter (no inline PTX) or
+    with SK_GATED_MLP_PDL=0."""
+    return settings.get("gated_mlp_pdl") and not settings.get("triton_interpret")
+
+
+def tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """`t` when it starts on a 16-byte boundary, as TMA requires; otherwise an aligned copy (rare)."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    """`TensorDescriptor.from_tensor` without its host checks (microseconds each), which hold by construction
+    (aligned base, rows multiple of 8 elements, contiguous rows, power-of-two blocks); under the interpreter
+    (the CPU tests) the checks run."""
+    if INTERPRETED:
+        return TensorDescriptor.from_tensor(t, block)
+    desc = object.__new__(TensorDescriptor)
+    desc.base, desc.shape, desc.strides, desc.block_shape, desc.padding = t, t.shape, t.stride(), block, "zero"
+    return desc
+
+
+def forward_kernels(
+    x: torch.Tensor, residual: Optional[torch.Tensor], gate_up_weight: torch.Tensor, colsum: Optional[torch.Tensor],
+    shift: Optional[torch.Tensor], down_weight: torch.Tensor, down_bias: Optional[torch.Tensor], eps: float,
+    norm: str, activation: str, configs: Optional[tuple[GemmConfig, GemmConfig]] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the kernels on 2-D contiguous, TMA-ready tensors: x and residual [M, d_model] (residual may be
+    None), the prepared gate/up weight [2·d_ff, d_model] with its fp32 vectors (`weights.fold`), down_weight
+    [d_model, d_ff] in x's dtype, down_bias [d_model] or None. Returns (out, h); h is empty without a residual
+    (it is x). `configs` (already fitted, e.g. `fit_configs`) overrides the table: the benchmark's sweep and
+    the tests use it. A documented-internal entry point: no argument checks, no coverage decision."""
+    m, d = x.shape
+    ff = down_weight.shape[1]
+    dtype, dev = x.dtype, x.device
+    out = torch.empty((m, d), dtype=dtype, device=dev)
+    h = torch.empty((m, d) if residual is not None else 0, dtype=dtype, device=dev)
+    if m == 0:
+        return out, h
+    gate_up, down = configs or choose_configs(m, d, ff, sm_count(dev))
+    layer = norm == "layer"
+    in_loop = gate_up.stats_in_loop and residual is None
+    pdl = pdl_on() and gate_up.dependent_launch != "none"
+    a = torch.empty((m, ff), dtype=dtype, device=dev)
+    tiles = _cdiv(m, down.block_m) * _cdiv(d, down.block_n)
+    if down.split_k > 1:
+        scratch = torch.empty(down.split_k * m * d + tiles, dtype=torch.float32, device=dev)
+        partial, arrivals = scratch[: down.split_k * m * d], scratch[down.split_k * m * d:].view(torch.int32)
+    else:
+        partial, arrivals = out, out  # unread without a split
+    hx = x if residual is None else h  # what the gate/up GEMM reads
+    stats = x if in_loop else torch.empty((2, m), dtype=torch.float32, device=dev)  # unread in the loop variant
+
+    if not in_loop:
+        block_d = _next_power_of_2(d)
+        rows_per_program = max(1, min(16, 2048 // block_d))
+        _stats_kernel[(_cdiv(m, rows_per_program),)](
+            x, residual if residual is not None else x, h, stats, m, d, eps,
+            D_ALIGN=_align(d), HAS_RESIDUAL=residual is not None, LAYER=layer, PDL=pdl,
+            BLOCK_M=rows_per_program, BLOCK_D=block_d,
+            num_warps=min(16, max(1, rows_per_program * block_d // 512)), launch_pdl=pdl,
+        )
+
+    c = gate_up
+    _gate_up_kernel[(_cdiv(m, c.block_m) * _cdiv(2 * ff, c.block_n),)](
+        _descriptor(hx, [c.block_m, c.block_k]), _descriptor(gate_up_weight, [c.block_n, c.block_k]), hx, stats,
+        colsum if colsum is not None else stats, shift if shift is not None else stats, a, arrivals,
+        m, d, ff, eps, tiles,
+        D_ALIGN=_align(d), FF_ALIGN=_align(ff), K_BLOCKS=_cdiv(d, c.block_k), LAYER=layer,
+        HAS_SHIFT=shift is not None, ACT=activation, SWAP_AB=c.swap_ab, STATS_IN_LOOP=in_loop, PDL=pdl,
+        WAIT_FIRST=in_loop or residual is not None, DOWN_AT_START=c.dependent_launch == "at_start",
+        ARRIVALS_BLOCK=max(16, _next_power_of_2(tiles)) if down.split_k > 1 else 0,
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+        num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl,
+    )
+
+    c = down
+    _down_kernel[(tiles, c.split_k)](
+        _descriptor(a, [c.block_m, c.block_k]), _descriptor(down_weight, [c.block_n, c.block_k]), down_bias,
+        _descriptor(out, [c.block_m, c.block_n]), partial, arrivals, m, d,
+        K_BLOCKS_PER_SPLIT=_cdiv(_cdiv(ff, c.block_k), c.split_k), HAS_BIAS=down_bias is not None,
+        SPLIT_K=c.split_k, SWAP_AB=c.swap_ab, PDL=pdl,
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+        num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl,
+    )
+    return out, h

@@ -1,0 +1,434 @@
+"""fused_gated_mlp: the Triton kernels against fp64 math (Triton's interpreter on CPU in fp32/fp16; bf16 on the
+GPU, where real shapes run), every norm × activation × bias, residual or not, odd row counts, d_ff shards; the
+custom op (fake, torch.compile fullgraph, autograd through the reference); argument errors; the coverage
+behaviour (fallback recorded, strict raises).
+
+Tolerances: relative norm error against the fp64 reference on the same (rounded) inputs and weights.
+  fp32: sums in fp32 over a few hundred terms: far under 1e-5.
+  fp16: h, the prepared weight w⊙W, a and out are each rounded once to fp16 (u = 4.9e-4, ~u/√3 each in norm):
+        2e-3 = 4u.
+  bf16 (GPU): the same roundings with u = 3.9e-3: 1e-2; and no worse than 1.25x the engines' own bf16 sequence
+        (the reference run in bf16: norm, GEMM, act_and_mul, GEMM, each rounding) + 1e-3.
+"""
+import dataclasses
+
+import pytest
+import torch
+
+import sk
+from numerics import KERNEL_DEVICE, rel_err
+from sk.ops.gated_mlp import ACTIVATIONS, NORMS, gated_mlp_reference, triton_kernels as tk, weights
+
+INTERPRETED_CPU = KERNEL_DEVICE == "cpu" and sk.settings.get("triton_interpret")
+needs_interpreter = pytest.mark.skipif(not INTERPRETED_CPU, reason="needs TRITON_INTERPRET=1 on a CPU-only machine")
+EPS = 1e-6
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+SMALL_GATE_UP = tk.GemmConfig(16, 32, 32, 4, 2)
+SMALL_DOWN = tk.GemmConfig(16, 16, 32, 4, 2, split_k=0)
+
+
+def make_block(d, ff, norm, *, bias=True, dtype=torch.float32, device=KERNEL_DEVICE, seed=0):
+    """Weights like a trained block's: norm scale near 1 (near 0 for Gemma's 1 + w), nn.Linear-scaled GEMMs."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0, shift=0.0):
+        return (shift + scale * torch.randn(*shape, generator=gen)).to(device, dtype)
+    return dict(
+        norm_weight=rnd(d, scale=0.2, shift=0.0 if norm == "gemma_rms" else 1.0),
+        gate_up_weight=rnd(2 * ff, d, scale=d ** -0.5), down_weight=rnd(d, ff, scale=ff ** -0.5),
+        norm_bias=rnd(d, scale=0.1) if bias and norm == "layer" else None,
+        gate_up_bias=rnd(2 * ff, scale=0.1) if bias else None, down_bias=rnd(d, scale=0.1) if bias else None)
+
+
+def make_x(m, d, dtype, device=KERNEL_DEVICE, seed=1, mean=0.3):
+    gen = torch.Generator().manual_seed(seed)
+    return (mean + torch.randn(m, d, generator=gen)).to(device, dtype)
+
+
+def fp64(block, x, residual, norm, activation):
+    def f(t):
+        return None if t is None else t.double()
+    w = {k: f(v) for k, v in block.items()}
+    return gated_mlp_reference(f(x), w["norm_weight"], w["gate_up_weight"], w["down_weight"], EPS, residual=f(residual),
+                               norm=norm, activation=activation, norm_bias=w["norm_bias"],
+                               gate_up_bias=w["gate_up_bias"], down_bias=w["down_bias"])
+
+
+def call_op(block, x, residual, norm, activation):
+    return sk.ops.fused_gated_mlp(x, block["norm_weight"], block["gate_up_weight"], block["down_weight"], EPS,
+                                  residual=residual, norm=norm, activation=activation, norm_bias=block["norm_bias"],
+                                  gate_up_bias=block["gate_up_bias"], down_bias=block["down_bias"])
+
+
+def run_kernels(block, x, residual, norm, activation, gate_up=SMALL_GATE_UP, down=SMALL_DOWN):
+    m, d = x.shape
+    ff = block["down_weight"].shape[1]
+    gu = weights.fold(norm, block["norm_weight"], block["norm_bias"], block["gate_up_weight"],
+                      block["gate_up_bias"], x.dtype)
+    configs = tk.fit_configs(gate_up, down, m, d, ff, tk.sm_count(x.device))
+    return tk.forward_kernels(x, residual, gu.weight, gu.colsum, gu.shift, block["down_weight"].to(x.dtype),
+                              block["down_bias"], EPS, norm, activation, configs)
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Every buffer the op allocates starts as NaN, so an element a kernel fails to write shows up."""
+    for name in ("empty", "empty_like"):
+        allocate = getattr(torch, name)
+
+        def poisoned(*args, allocate=allocate, **kwargs):
+            t = allocate(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+        monkeypatch.setattr(torch, name, poisoned)
+
+
+# ----------------------------------------------------------------------------------------------- interpreter (CPU)
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("norm", NORMS)
+def test_interpreted_kernels_match_fp64(norm, activation, bias, dtype, poisoned_outputs):
+    """Every norm × activation × bias in both interpreted dtypes; a residual with the biases, none without;
+    3 rows (a partial row tile), d_model 64 (two K blocks), d_ff 96 (a partial column tile, split-K down)."""
+    m, d, ff = 3, 64, 96
+    block = make_block(d, ff, norm, bias=bias, seed=len(norm) + bias)
+    block = {k: v if v is None or k.endswith("bias") or k == "norm_weight" else v.to(dtype) for k, v in block.items()}
+    x = make_x(m, d, dtype)
+    residual = make_x(m, d, dtype, seed=2, mean=0.0) if bias else None
+    out, h = run_kernels(block, x, residual, norm, activation)
+    want, want_h = fp64(block, x, residual, norm, activation)
+    assert out.dtype == dtype and out.shape == (m, d)
+    assert rel_err(out, want) < TOL[dtype]
+    if residual is not None:  # h = x + residual rounded once, as the engines round it
+        assert torch.equal(h, (x.float() + residual.float()).to(dtype))
+
+
+LAUNCHES = {
+    "plain": (SMALL_GATE_UP, SMALL_DOWN),
+    "swap": (dataclasses.replace(SMALL_GATE_UP, swap_ab=True), dataclasses.replace(SMALL_DOWN, swap_ab=True)),
+    "stats_in_loop": (dataclasses.replace(SMALL_GATE_UP, stats_in_loop=True), SMALL_DOWN),
+    "swap_in_loop_no_split": (dataclasses.replace(SMALL_GATE_UP, swap_ab=True, stats_in_loop=True),
+                              dataclasses.replace(SMALL_DOWN, swap_ab=True, split_k=1)),
+    "grouped": (dataclasses.replace(SMALL_GATE_UP, group_m=2), dataclasses.replace(SMALL_DOWN, group_m=2, split_k=3)),
+}
+
+
+@needs_interpreter
+@pytest.mark.parametrize("launch", list(LAUNCHES))
+@pytest.mark.parametrize("m", [1, 33])
+@pytest.mark.parametrize("residual", [True, False])
+def test_interpreted_launch_variants(launch, m, residual, poisoned_outputs):
+    """Each way of launching (transposed products, statistics in the gate/up loop, grouped tiles, split or not)
+    at 1 and 33 rows (a lone row; three row tiles, the last of one row), LayerNorm (the mean correction) in
+    fp16, with and without a residual (stats_in_loop applies only without one)."""
+    d, ff = 64, 128
+    norm, activation = ("layer", "gelu") if m == 1 else ("rms", "silu")
+    block = make_block(d, ff, norm, seed=m)
+    block["gate_up_weight"], block["down_weight"] = (block[k].half() for k in ("gate_up_weight", "down_weight"))
+    x = make_x(m, d, torch.float16)
+    r = make_x(m, d, torch.float16, seed=3, mean=0.0) if residual else None
+    out, _ = run_kernels(block, x, r, norm, activation, *LAUNCHES[launch])
+    assert rel_err(out, fp64(block, x, r, norm, activation)[0]) < TOL[torch.float16]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_interpreted_op_on_tensor_parallel_shards(tp, poisoned_outputs):
+    """The public op with the table's configs on d_ff shards of a base block (d_ff 256 / tp: the first d_ff/tp
+    gate rows, the matching up rows and down columns), fp16, rows in leading dims."""
+    d, ff = 64, 256
+    full = make_block(d, ff, "rms", dtype=torch.float16, seed=7)
+    part = ff // tp
+    gu = full["gate_up_weight"]
+    block = dict(full, gate_up_weight=torch.cat([gu[:part], gu[ff: ff + part]]),
+                 gate_up_bias=torch.cat([full["gate_up_bias"][:part], full["gate_up_bias"][ff: ff + part]]),
+                 down_weight=full["down_weight"][:, :part].contiguous())
+    x = make_x(6, d, torch.float16).view(2, 3, d)
+    r = make_x(6, d, torch.float16, seed=4, mean=0.0).view(2, 3, d)
+    out, h = call_op(block, x, r, "rms", "silu")
+    assert out.shape == x.shape and h.shape == x.shape
+    assert rel_err(out, fp64(block, x, r, "rms", "silu")[0]) < TOL[torch.float16]
+    assert sk.coverage.report()["kernel_calls"] == {"fused_gated_mlp/rms": 1}
+    assert not sk.coverage.report()["fallbacks"]
+
+
+@needs_interpreter
+def test_interpreted_compiled_and_eager_paths_agree():
+    """torch.compile(fullgraph=True) traces the custom op (its fake gives the shapes) and runs the same kernels."""
+    d, ff = 64, 128
+    block = make_block(d, ff, "gemma_rms", dtype=torch.float16, seed=5)
+    x, r = make_x(5, d, torch.float16), make_x(5, d, torch.float16, seed=6, mean=0.0)
+
+    def fn(x, r):
+        out, h = call_op(block, x, r, "gemma_rms", "gelu_tanh")
+        return out * 2, h
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    got, want = compiled(x, r), fn(x, r)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert sk.coverage.report()["kernel_calls"]["fused_gated_mlp/gemma_rms"] == 2
+
+
+@needs_interpreter
+def test_interpreted_empty_batch():
+    d, ff = 64, 128
+    block = make_block(d, ff, "rms", dtype=torch.float16)
+    x = make_x(0, d, torch.float16)
+    out, h = call_op(block, x, x.clone(), "rms", "silu")
+    assert out.shape == (0, d) and h.shape == (0, d)
+    out, h = call_op(block, x.view(0, 3, d), None, "rms", "silu")
+    assert out.shape == (0, 3, d) and h.shape == (0, 3, d)
+
+
+@needs_interpreter
+def test_prepared_weights_are_cached_until_a_source_changes():
+    d, ff = 64, 128
+    block = make_block(d, ff, "layer", dtype=torch.float16)
+    x = make_x(2, d, torch.float16)
+    before = sk.ops.weight_cache.size_bytes()
+    out1, _ = call_op(block, x, None, "layer", "silu")
+    held = sk.ops.weight_cache.size_bytes() - before
+    assert held >= 2 * ff * d * 2  # the folded gate/up copy in fp16 (plus its fp32 vectors)
+    call_op(block, x, None, "layer", "silu")
+    assert sk.ops.weight_cache.size_bytes() - before == held  # reused, not re-made
+    with torch.no_grad():
+        block["norm_weight"].mul_(2)  # an in-place update: the fold is re-made
+    out2, _ = call_op(block, x, None, "layer", "silu")
+    assert rel_err(out2, fp64(block, x, None, "layer", "silu")[0]) < TOL[torch.float16]
+    assert not torch.equal(out1, out2)
+
+
+# ----------------------------------------------------------------------------------------------- op, any device
+
+def test_fold_layout_interleaves_gate_and_up_rows():
+    d, ff = 8, 4
+    w = torch.arange(2 * ff * d, dtype=torch.float32).view(2 * ff, d)
+    scale = torch.full((d,), 2.0)
+    bias = torch.arange(2 * ff, dtype=torch.float32)
+    for norm, factor in (("rms", 2.0), ("gemma_rms", 3.0)):
+        gu = weights.fold(norm, scale, None, w, bias, torch.float32)
+        assert torch.equal(gu.weight[0::2], w[:ff] * factor) and torch.equal(gu.weight[1::2], w[ff:] * factor)
+        assert torch.equal(gu.shift[0::2], bias[:ff]) and torch.equal(gu.shift[1::2], bias[ff:])
+        assert gu.colsum is None
+    beta = torch.ones(d)
+    gu = weights.fold("layer", scale, beta, w, None, torch.float32)
+    assert torch.equal(gu.colsum, gu.weight.sum(1))
+    assert torch.equal(gu.shift[0::2], w[:ff].sum(1)) and torch.equal(gu.shift[1::2], w[ff:].sum(1))
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_fp32_takes_the_recorded_fallback_and_trains(norm):
+    """fp32 is outside the table: the reference runs (recorded with the reason); with grad on, the backward is
+    autograd of the reference (recorded as a backward fallback) and matches fp64's gradients."""
+    d, ff = 16, 24
+    block = make_block(d, ff, norm, device="cpu", seed=3)
+    x = make_x(4, d, torch.float32, "cpu").requires_grad_()
+    r = make_x(4, d, torch.float32, "cpu", seed=2).requires_grad_()
+    leaves = {k: v.requires_grad_() if v is not None else None for k, v in block.items()}
+    out, h = call_op(leaves, x, r, norm, "gelu")
+    want, want_h = fp64(leaves, x, r, norm, "gelu")
+    assert rel_err(out, want) < 1e-5 and rel_err(h, want_h) < 1e-6
+    (out.sum() + h.square().sum()).backward()
+    got = [x.grad, r.grad] + [v.grad for v in leaves.values() if v is not None]
+    x64, r64 = x.detach().double().requires_grad_(), r.detach().double().requires_grad_()
+    l64 = {k: v.detach().double().requires_grad_() if v is not None else None for k, v in leaves.items()}
+    o64, h64 = fp64(l64, x64, r64, norm, "gelu")
+    (o64.sum() + h64.square().sum()).backward()
+    for a, b in zip(got, [x64.grad, r64.grad] + [v.grad for v in l64.values() if v is not None]):
+        assert rel_err(a, b) < 1e-5
+    reasons = {f["reason"] for f in sk.coverage.report()["fallbacks"] if f["op"] == f"fused_gated_mlp/{norm}"}
+    assert any("dtype fp32" in why for why in reasons) or any("CPU tensor" in why for why in reasons)
+    assert any("backward" in why for why in reasons)
+
+
+def test_no_residual_returns_x_itself():
+    d, ff = 16, 24
+    block = make_block(d, ff, "rms", device="cpu")
+    x = make_x(3, d, torch.float32, "cpu")
+    out, h = call_op(block, x, None, "rms", "silu")
+    assert h is x
+    assert rel_err(out, fp64(block, x, None, "rms", "silu")[0]) < 1e-5
+
+
+def test_strict_mode_raises_on_a_fallback():
+    d, ff = 16, 24
+    block = make_block(d, ff, "rms", device="cpu")
+    x = make_x(3, d, torch.float32, "cpu")
+    with sk.coverage.strict(), pytest.raises(sk.CoverageError, match="fused_gated_mlp/rms"):
+        call_op(block, x, None, "rms", "silu")
+
+
+@needs_interpreter
+def test_widths_not_multiples_of_8_take_the_recorded_fallback():
+    d, ff = 20, 36
+    block = make_block(d, ff, "rms", dtype=torch.float16)
+    x = make_x(3, d, torch.float16)
+    out, _ = call_op(block, x, None, "rms", "silu")
+    assert rel_err(out, fp64(block, x, None, "rms", "silu")[0]) < TOL[torch.float16]
+    (miss,) = sk.coverage.report()["fallbacks"]
+    assert "multiples of 8" in miss["reason"] and miss["op"] == "fused_gated_mlp/rms"
+    with sk.coverage.strict(), pytest.raises(sk.CoverageError, match="multiples of 8"):
+        call_op(block, x, None, "rms", "silu")
+
+
+def _args(**changes):
+    d, ff = 16, 24
+    block = make_block(d, ff, "rms", device="cpu")
+    kwargs = dict(x=make_x(3, d, torch.float32, "cpu"), eps=EPS, **block)
+    kwargs.update(changes)
+    return kwargs
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(norm="batch"), "norm must be one of"),
+    (dict(activation="relu"), "activation must be one of"),
+    (dict(eps=-1.0), "eps must be a non-negative"),
+    (dict(gate_up_weight=torch.randn(47, 16)), r"gate_up_weight must be \(2·d_ff, d_model\)"),
+    (dict(down_weight=torch.randn(16, 23)), r"down_weight \(16, 23\) \(expected \(16, 24\)\)"),
+    (dict(norm_weight=torch.randn(15)), r"norm_weight \(15,\)"),
+    (dict(residual=torch.randn(3, 15)), r"residual \(3, 15\)"),
+    (dict(residual=torch.randn(3, 16, dtype=torch.float64)), "residual must have x's dtype"),
+    (dict(norm_bias=torch.randn(16)), "norm_bias is only used by norm='layer'"),
+    (dict(x=torch.randn(3, 16, dtype=torch.float64).to(torch.int32)), "supported: bfloat16"),
+    (dict(gate_up_bias=torch.randn(47)), r"gate_up_bias \(47,\)"),
+])
+def test_argument_errors_are_clear(bad, match):
+    kwargs = _args(**bad)
+    with pytest.raises((ValueError, TypeError), match=match):
+        sk.ops.fused_gated_mlp(**kwargs)
+
+
+def test_custom_op_registration_passes_opcheck():
+    d, ff = 16, 24
+    block = make_block(d, ff, "layer", device="cpu", dtype=torch.float64)
+    x, r = make_x(5, d, torch.float64, "cpu"), make_x(5, d, torch.float64, "cpu", seed=2)
+    for residual in (r, None):
+        args = (x, residual, block["norm_weight"], block["norm_bias"], block["gate_up_weight"], block["gate_up_bias"],
+                block["down_weight"], block["down_bias"], EPS, "layer", "silu")
+        torch.library.opcheck(torch.ops.sk.fused_gated_mlp.default, args,
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_decode_configs_swap_and_split_to_fill_the_gpu():
+    for m in (1, 8, 32):
+        gate_up, down = tk.choose_configs(m, 4096, 14336, 132)
+        assert gate_up.swap_ab and down.swap_ab and gate_up.block_m == down.block_m == max(16, m)
+        tiles = 4096 // down.block_n
+        assert tiles * down.split_k >= 2 * 132 or down.split_k == tk.MAX_SPLIT_K
+        assert -(-2 * 14336 // gate_up.block_n) >= 132  # the gate/up grid fills the SMs
+    gate_up, down = tk.choose_configs(8192, 4096, 14336, 132)
+    assert not gate_up.swap_ab and down.split_k == 1 and gate_up.block_m == 128
+    for key, (gate_up, down) in tk.TUNED.items():  # every tuned entry names its committed result
+        assert gate_up.source != "untuned" and down.source != "untuned", key
+
+
+# ----------------------------------------------------------------------------------------------- GPU (bf16)
+
+GPU_SHAPES = [(1, 2048, 8192, "rms", "silu"), (8, 4096, 7168, "rms", "silu"), (32, 4096, 3584, "rms", "silu"),
+              (33, 1024, 3072, "layer", "gelu"), (128, 2048, 16384, "gemma_rms", "gelu_tanh"),
+              (1000, 3584, 14336, "gemma_rms", "gelu_tanh"), (2048, 1024, 3072, "rms", "silu")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,d,ff,norm,activation", GPU_SHAPES)
+@pytest.mark.parametrize("residual", [True, False])
+def test_gpu_bf16_matches_fp64_and_the_engines_sequence(m, d, ff, norm, activation, residual):
+    block = make_block(d, ff, norm, dtype=torch.bfloat16, device="cuda", seed=m)
+    x = make_x(m, d, torch.bfloat16, "cuda")
+    r = make_x(m, d, torch.bfloat16, "cuda", seed=2, mean=0.0) if residual else None
+    with torch.no_grad(), sk.coverage.strict():
+        out, h = call_op(block, x, r, norm, activation)
+    want, _ = fp64(block, x, r, norm, activation)
+    peer = gated_mlp_reference(x, block["norm_weight"], block["gate_up_weight"], block["down_weight"], EPS,
+                               residual=r, norm=norm, activation=activation, norm_bias=block["norm_bias"],
+                               gate_up_bias=block["gate_up_bias"], down_bias=block["down_bias"])[0]
+    ours, theirs = rel_err(out, want), rel_err(peer, want)
+    assert ours < TOL[torch.bfloat16] and ours <= 1.25 * theirs + 1e-3, (ours, theirs)
+    if residual:
+        assert torch.equal(h, (x.float() + r.float()).bfloat16())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,d,ff", [(1, 4096, 14336), (32, 4096, 3584), (256, 2048, 8192)])
+def test_gpu_graph_replay_with_fresh_inputs_and_deterministic_split_k(m, d, ff, settings_override):
+    """A captured call replayed onto fresh inputs (copied into the static ones) and poisoned outputs gives the
+    eager call's bits; with PDL off too (stream order), the same bits."""
+    block = make_block(d, ff, "rms", dtype=torch.bfloat16, device="cuda", seed=1)
+    x, r = make_x(m, d, torch.bfloat16, "cuda"), make_x(m, d, torch.bfloat16, "cuda", seed=2)
+    with torch.no_grad():
+        call_op(block, x, r, "rms", "silu")  # prepares the weights and compiles before the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, h = call_op(block, x, r, "rms", "silu")
+        for seed in range(3):
+            x.copy_(make_x(m, d, torch.bfloat16, "cuda", seed=10 + seed))
+            r.copy_(make_x(m, d, torch.bfloat16, "cuda", seed=20 + seed))
+            want = call_op(block, x, r, "rms", "silu")
+            out.fill_(float("nan"))
+            h.fill_(float("nan"))
+            graph.replay()
+            assert torch.equal(out, want[0]) and torch.equal(h, want[1])
+        with sk.settings.override(gated_mlp_pdl=False):
+            assert torch.equal(call_op(block, x, r, "rms", "silu")[0], want[0])
+    assert not [f for f in sk.coverage.report()["fallbacks"]]
+
+
+@pytest.mark.gpu
+def test_gpu_chained_layers_match_stream_order():
+    """Layers chained through out/h in one graph (each kernel launched dependently on the one before it) give
+    the bits of calls synchronized one by one."""
+    m, d, ff = 8, 2048, 8192
+    block = make_block(d, ff, "rms", dtype=torch.bfloat16, device="cuda", seed=3)
+    x0, r0 = make_x(m, d, torch.bfloat16, "cuda"), make_x(m, d, torch.bfloat16, "cuda", seed=2)
+
+    def chain(sync=False):
+        x, r, outs = x0, r0, []
+        for _ in range(6):
+            x, r = call_op(block, x, r, "rms", "silu")
+            outs.append(x)
+            if sync:
+                torch.cuda.synchronize()
+        return outs
+    with torch.no_grad():
+        want = chain(sync=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = chain()
+        for _ in range(3):
+            graph.replay()
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+# ------------------------------------------------------------------------------------ compiled for sm90 (any machine)
+
+_COMPILE_CHECK = r"""
+import dataclasses, json, re, sys
+sys.path.insert(0, "benchmarks")
+from compile_report_gated_mlp import compile_kernel, report, tk
+found = report()
+c = dataclasses.replace(tk.choose_configs(8, 4096, 14336, 132)[0], stats_in_loop=True)
+k = compile_kernel("gate_up", c, 4096, 14336, residual=False, layer=True)
+found["gate_up in-loop statistics"] = {"stages": c.num_stages, "wgmma": "wgmma" in k.asm["ptx"], "buffers": [
+    int(n) for n in re.findall(r"ttg\.local_alloc : \(\) -> !ttg\.memdesc<(\d+)x\d+x\d+x", k.asm["ttgir"])]}
+print(json.dumps(found))
+"""
+
+
+def test_table_configs_compile_for_sm90_on_wgmma_with_every_operand_fully_buffered():
+    """No interpreter shows a pipelining race: compile both GEMM kernels for sm90 (Triton's own ptxas, no GPU) at
+    every shape class's config, and the gate/up kernel with the statistics summed in its loop, and check that
+    both operand tiles get num_stages shared buffers (the GEGLU op's H200 failure: one fewer for a tile also
+    read from registers) and that the products run on wgmma. Subprocess: without the interpreter."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _COMPILE_CHECK], cwd=repo, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for kernel, r in json.loads(out.stdout.splitlines()[-1]).items():
+        assert r["wgmma"] and r["buffers"] == [r["stages"]] * 2, (kernel, r)
