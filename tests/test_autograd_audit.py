@@ -93,6 +93,40 @@ def _geglu_entry(approximate, bias=True):
     return shapes, call, fp64
 
 
+def _gated_mlp_entry(norm, activation, residual):
+    """fused_gated_mlp: leaves x, norm weight (and bias for "layer"), merged gate/up [2·d_ff, n], down, residual."""
+    def ff(n):
+        return n + 3  # d_ff unlike d_model, and odd
+
+    shapes = [lambda lead, n: (*lead, n), lambda lead, n: (n,), lambda lead, n: (2 * ff(n), n),
+              lambda lead, n: (n, ff(n))]
+    if norm == "layer":
+        shapes.append(lambda lead, n: (n,))
+    if residual:
+        shapes.append(lambda lead, n: (*lead, n))
+
+    def split(args):
+        x, w, wgu, wd, *rest = args
+        bias = rest.pop(0) if norm == "layer" else None
+        return x, w, wgu, wd, bias, (rest[0] if residual else None)
+
+    def call(view, *args):
+        x, w, wgu, wd, bias, r = split(args)
+        return sk.ops.fused_gated_mlp(view(x), w, wgu, wd, EPS, residual=r, norm=norm, activation=activation,
+                                      norm_bias=bias)
+
+    def fp64(view, *args):
+        x, w, wgu, wd, bias, r = split(args)
+        h = view(x) + r if residual else view(x)
+        if norm == "layer":
+            mean = h.mean(-1, keepdim=True)
+            n = (h - mean) / torch.sqrt(((h - mean) ** 2).mean(-1, keepdim=True) + EPS) * w + bias
+        else:
+            n = fp64_rms_norm(h, w, 1.0 if norm == "gemma_rms" else 0.0)
+        return fp64_act_and_mul(n @ wgu.t(), activation) @ wd.t(), h
+    return shapes, call, fp64
+
+
 # Every public op of sk.ops, with each variant its arguments select.
 AUDIT = {
     "rms_norm": [_norm_entry("rms_norm")],
@@ -104,6 +138,9 @@ AUDIT = {
     "silu_and_mul": [_act_entry("silu_and_mul")],
     "gelu_and_mul": [_act_entry("gelu_and_mul"), _act_entry("gelu_and_mul", approximate="tanh")],
     "fused_pre_norm_geglu": [_geglu_entry("none"), _geglu_entry("tanh", bias=False)],
+    "fused_gated_mlp": [_gated_mlp_entry("rms", "silu", residual=True),
+                        _gated_mlp_entry("gemma_rms", "gelu_tanh", residual=False),
+                        _gated_mlp_entry("layer", "gelu", residual=True)],
 }
 # Every public module of sk.nn (audited below).
 MODULES = {"PreNormGEGLUFFN"}
