@@ -287,9 +287,9 @@ class GemmConfig:
 
 
 # Shape classes by the number of rows M (the tokens of a step); the table holds one (gate_up, down) pair per
-# class, `TUNED` overrides it for a (class, d_model, d_ff). Hopper starting points, not yet timed (the lead
-# sweeps them on the H200: benchmarks/bench_gated_mlp.py --sweep; an entry chosen there names its committed
-# result in `source`). Shared memory per stage is (block_m + block_n) · block_k · 2 bytes, at most ~220 KB
+# class, `TUNED` overrides it for a (class, d_model, d_ff). Entries chosen by a sweep on the H200
+# (benchmarks/bench_gated_mlp.py --sweep) name its committed result in `source`; the others are Hopper starting
+# points, "untuned". Shared memory per stage is (block_m + block_n) · block_k · 2 bytes, at most ~220 KB
 # for all stages.
 # - m8 / m32 (decode): weight streaming. Products transposed (the weight tile is wgmma's M side, tokens padded
 #   to 16/32), 128 weight rows × 128 of K a stage, 4 stages (~150 KB in flight per SM, far above what an SM
@@ -299,16 +299,17 @@ class GemmConfig:
 # - m128: 64-row tiles, no swap; down split to fill the GPU.
 # - m1024, large (prefill): 128 × 128 / 128 × 256 tiles, 8 warps, grouped row order (GROUP_M 8).
 M_CLASSES = ((8, "m8"), (32, "m32"), (128, "m128"), (1024, "m1024"))
+_DECODE_SWEEP = "results/h200/gated_mlp/2026-12-02/sweep-decode/bench_gated_mlp_sweep.json"
 GATE_UP_CONFIGS = {
-    "m8": GemmConfig(16, 128, 128, 4, 4, swap_ab=True, dependent_launch="at_start"),
+    "m8": GemmConfig(16, 128, 128, 4, 3, swap_ab=True, dependent_launch="at_start", source=_DECODE_SWEEP),
     "m32": GemmConfig(32, 128, 128, 4, 4, swap_ab=True, dependent_launch="at_start"),
     "m128": GemmConfig(64, 128, 64, 4, 4),
     "m1024": GemmConfig(128, 128, 64, 8, 4),
     "large": GemmConfig(128, 256, 64, 8, 3),
 }
 DOWN_CONFIGS = {
-    "m8": GemmConfig(16, 128, 128, 4, 4, split_k=0, swap_ab=True),
-    "m32": GemmConfig(32, 128, 128, 4, 4, split_k=0, swap_ab=True),
+    "m8": GemmConfig(16, 128, 128, 4, 3, split_k=0, split_waves=4.0, swap_ab=True, source=_DECODE_SWEEP),
+    "m32": GemmConfig(32, 64, 128, 4, 4, split_k=0, split_waves=1.0, swap_ab=True, source=_DECODE_SWEEP),
     "m128": GemmConfig(64, 128, 64, 4, 4, split_k=0),
     "m1024": GemmConfig(128, 128, 64, 8, 4, split_k=0),
     "large": GemmConfig(128, 256, 64, 8, 3),
