@@ -122,8 +122,8 @@ def cmd_eval(args) -> int:
     from sk.workflow import evaluate
 
     passed = evaluate.run(args.scenario, Path(args.out), enforce_eager=args.enforce_eager, max_layers=args.max_layers,
-                          max_requests=args.max_requests, candidates=args.candidates,
-                          console=console)
+                          max_requests=args.max_requests, candidates=args.candidates, console=console,
+                          rounds=args.rounds, self_test=args.self_test)
     return 0 if passed else 1
 
 
@@ -158,6 +158,7 @@ def _engine_run_options(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     from sk.workflow.candidates import default_dir
     from sk.workflow.errors import WorkflowError
+    from sk.workflow.paired import DEFAULT_ROUNDS
 
     parser = argparse.ArgumentParser(prog="sk", description="Standard Kernels: fused GPU kernels for LLM layers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -204,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
                           help="candidate = your modules in DIR (sk create-stubs) instead of Standard Kernels' adapter")
     evaluate.add_argument("--out", type=output_dir, default="results/eval",
                           help="folder for the JSON, the PNG chart and engine logs")
+    evaluate.add_argument("--rounds", type=positive_int, default=DEFAULT_ROUNDS, metavar="N",
+                          help=f"paired rounds per workload, each one timed batch per engine, A B B A ... "
+                               f"(default {DEFAULT_ROUNDS})")
+    evaluate.add_argument("--self-test", action="store_true",
+                          help="the stock engine as both baseline and candidate: every interval should hold 1.00")
     evaluate.set_defaults(func=cmd_eval)
 
     from sk.evals.gate import main as gate_main

@@ -1,0 +1,115 @@
+"""Any architecture the installed vLLM serves: its replaceable operators, found in vLLM's own model class.
+
+`sk list --map ARCH`, `sk create-stubs --architecture ARCH` and the capture map call `architecture_operators`.
+ARCH is a Hugging Face model_type (`qwen3`, `gemma2`) or an architecture class name (`Qwen3ForCausalLM`). The
+architecture's HF config class gives a tiny config (two heads, one layer); vLLM's model registry gives the
+model class for it, which is built on the meta device (no weights, no memory) inside a one-process vLLM
+config, and walked: every layer built through vLLM's replaceable-op registry (CustomOp / PluggableLayer) is an
+operator, named as vLLM registers it (what `sk capture` records), with its class and our coverage
+(sk.workflow.operators). Attention layers are listed too, as not covered. The walk runs in a child process:
+vLLM's distributed state and config stay out of the calling process.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import subprocess
+import sys
+
+from sk.workflow.errors import WorkflowError
+
+# Sizes of the model built for the walk: the layer classes do not depend on them.
+TINY_CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2,
+               "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 256}
+WALK_TIMEOUT_S = 300
+
+
+def causal_lm_architectures() -> dict[str, str]:
+    """HF model_type -> its causal-LM class name, for the text-only form where a model has one (gemma3 ->
+    gemma3_text's Gemma3ForCausalLM), restricted to what the installed vLLM registers."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
+    from vllm.model_executor.models.registry import _VLLM_MODELS as registered
+
+    found = {}
+    for model_type, cls in causal.items():
+        text = causal.get(f"{model_type}_text")
+        for candidate in (text, cls) if text else (cls,):
+            if candidate in registered:
+                found[model_type] = candidate
+                break
+    return found
+
+
+def resolve_architecture(name: str) -> tuple[str, str]:
+    """(model_type, class name) for `name`, or a WorkflowError naming close matches among vLLM's."""
+    known = causal_lm_architectures()
+    by_class = {cls: model_type for model_type, cls in known.items()}
+    if name in known:
+        return name, known[name]
+    if name in by_class:
+        return by_class[name], name
+    lowered = {k.lower(): k for k in [*known, *by_class]}
+    if name.lower() in lowered:
+        return resolve_architecture(lowered[name.lower()])
+    close = difflib.get_close_matches(name.lower(), list(lowered), n=6, cutoff=0.5)
+    hint = f"close matches: {', '.join(lowered[c] for c in close)}" if close else \
+        f"known: {len(known)} model types, e.g. {', '.join(sorted(known)[:8])}"
+    raise WorkflowError(f"unknown architecture {name!r}: the installed vLLM registers no causal LM of that name; "
+                        f"{hint}")
+
+
+def _walk(model_type: str, cls_name: str) -> list[dict]:
+    """In a process of its own (the child below): the replaceable layers of vLLM's model class, in order."""
+    import tempfile
+
+    import torch
+    from transformers import CONFIG_MAPPING
+    from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.model_executor import custom_op
+    from vllm.model_executor.models import ModelRegistry
+
+    config_type = f"{model_type}_text" if f"{model_type}_text" in CONFIG_MAPPING else model_type
+    config = CONFIG_MAPPING[config_type](**TINY_CONFIG, architectures=[cls_name])
+    replaceable = tuple(getattr(custom_op, n) for n in ("CustomOp", "PluggableLayer") if hasattr(custom_op, n))
+    with tempfile.TemporaryDirectory(prefix="sk-map-") as folder:
+        config.save_pretrained(folder)
+        model_config = ModelConfig(model=folder, skip_tokenizer_init=True, dtype="float32")
+        vllm_config = VllmConfig(model_config=model_config)
+        with set_current_vllm_config(vllm_config):
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"file://{folder}/dist")
+            initialize_model_parallel(1, 1)
+            model_cls, _ = ModelRegistry.resolve_model_cls([cls_name], model_config)
+            with torch.device("meta"):
+                model = model_cls(vllm_config=vllm_config, prefix="")
+    layers: dict[str, dict] = {}
+    for _, module in model.named_modules():
+        cls = type(module)
+        op = getattr(cls, "name", None) if isinstance(module, replaceable) else None
+        if op is None and cls.__name__ == "Attention" and cls.__module__.startswith("vllm.model_executor.layers"):
+            op = "attention"
+        if op:
+            layers.setdefault(f"{op}:{cls.__name__}", {"op": op, "class": cls.__name__, "module": cls.__module__})
+    return list(layers.values())
+
+
+@functools.lru_cache(maxsize=None)
+def architecture_layers(name: str) -> tuple[str, str, tuple[dict, ...]]:
+    """(model_type, class name, each distinct {"op", "class", "module"} of vLLM's model), or a WorkflowError."""
+    try:
+        model_type, cls_name = resolve_architecture(name)
+    except ImportError as e:
+        raise WorkflowError(f"architecture {name!r}: the operator map reads the installed vLLM's model registry, "
+                            f"and vLLM cannot be imported here ({e})") from None
+    done = subprocess.run([sys.executable, "-m", "sk.workflow.engine_map", model_type, cls_name],
+                          capture_output=True, text=True, timeout=WALK_TIMEOUT_S)
+    if done.returncode:
+        raise WorkflowError(f"vLLM could not build {cls_name} ({model_type}) on the meta device to list its "
+                            f"operators: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+    return model_type, cls_name, tuple(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+if __name__ == "__main__":
+    print(json.dumps(_walk(sys.argv[1], sys.argv[2])))
