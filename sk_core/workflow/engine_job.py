@@ -279,9 +279,15 @@ class Server:
 
     def profile(self, workload: str) -> dict:
         requests = self.requests(workload)
-        # The engine's own step count where it has one (vLLM's worker); else a fixed batch's: one per token.
-        steps = max(r.max_tokens for r in requests)
-        return self.engine.profile(lambda: (self.engine.generate(requests), steps)[1])
+        # The engine's own step count where it has one (vLLM's worker); else a fixed batch's, one step per
+        # generated token (a throughput batch's is unknown).
+        steps = requests[0].max_tokens if resolve(workload).spec.purpose is Purpose.LATENCY else None
+
+        def run():
+            self.engine.generate(requests)
+            return steps
+
+        return self.engine.profile(run)
 
     def info(self) -> dict:
         return {"environment": self.engine.environment(),

@@ -25,6 +25,7 @@ TINY_CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers":
 WALK_TIMEOUT_S = 300
 
 
+@functools.lru_cache(maxsize=None)
 def causal_lm_architectures() -> dict[str, str]:
     """HF model_type -> its causal-LM class name, for the text-only form where a model has one (gemma3 ->
     gemma3_text's Gemma3ForCausalLM), restricted to what the installed vLLM registers."""
@@ -59,8 +60,8 @@ def resolve_architecture(name: str) -> tuple[str, str]:
                         f"{hint}")
 
 
-def _walk(model_type: str, cls_name: str) -> list[dict]:
-    """In a process of its own (the child below): the replaceable layers of vLLM's model class, in order."""
+def _walk(architectures: list[tuple[str, str]]) -> dict[str, list[dict]]:
+    """In a process of its own (the child below): the replaceable layers of each (model_type, class) vLLM model."""
     import tempfile
 
     import torch
@@ -70,46 +71,68 @@ def _walk(model_type: str, cls_name: str) -> list[dict]:
     from vllm.model_executor import custom_op
     from vllm.model_executor.models import ModelRegistry
 
-    config_type = f"{model_type}_text" if f"{model_type}_text" in CONFIG_MAPPING else model_type
-    config = CONFIG_MAPPING[config_type](**TINY_CONFIG, architectures=[cls_name])
     replaceable = tuple(getattr(custom_op, n) for n in ("CustomOp", "PluggableLayer") if hasattr(custom_op, n))
-    with tempfile.TemporaryDirectory(prefix="sk-map-") as folder:
-        config.save_pretrained(folder)
-        model_config = ModelConfig(model=folder, skip_tokenizer_init=True, dtype="float32")
-        vllm_config = VllmConfig(model_config=model_config)
-        with set_current_vllm_config(vllm_config):
-            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                         distributed_init_method=f"file://{folder}/dist")
-            initialize_model_parallel(1, 1)
-            model_cls, _ = ModelRegistry.resolve_model_cls([cls_name], model_config)
-            with torch.device("meta"):
-                model = model_cls(vllm_config=vllm_config, prefix="")
-    layers: dict[str, dict] = {}
-    for _, module in model.named_modules():
-        cls = type(module)
-        op = getattr(cls, "name", None) if isinstance(module, replaceable) else None
-        if op is None and cls.__name__ == "Attention" and cls.__module__.startswith("vllm.model_executor.layers"):
-            op = "attention"
-        if op:
-            layers.setdefault(f"{op}:{cls.__name__}", {"op": op, "class": cls.__name__, "module": cls.__module__})
-    return list(layers.values())
+    walked = {}
+    with tempfile.TemporaryDirectory(prefix="sk-map-") as root:
+        for i, (model_type, cls_name) in enumerate(architectures):
+            config_type = f"{model_type}_text" if f"{model_type}_text" in CONFIG_MAPPING else model_type
+            folder = f"{root}/{i}"
+            CONFIG_MAPPING[config_type](**TINY_CONFIG, architectures=[cls_name]).save_pretrained(folder)
+            model_config = ModelConfig(model=folder, skip_tokenizer_init=True, dtype="float32")
+            vllm_config = VllmConfig(model_config=model_config)
+            with set_current_vllm_config(vllm_config):
+                if i == 0:  # one process, one rank: the parallel groups every vLLM layer asks for
+                    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                                 distributed_init_method=f"file://{root}/dist")
+                    initialize_model_parallel(1, 1)
+                model_cls, _ = ModelRegistry.resolve_model_cls([cls_name], model_config)
+                with torch.device("meta"):
+                    model = model_cls(vllm_config=vllm_config, prefix="")
+            layers: dict[str, dict] = {}
+            for _, module in model.named_modules():
+                cls = type(module)
+                op = getattr(cls, "name", None) if isinstance(module, replaceable) else None
+                if op is None and cls.__name__ == "Attention" and cls.__module__.startswith("vllm.model_executor"):
+                    op = "attention"
+                if op:
+                    layers.setdefault(f"{op}:{cls.__name__}",
+                                      {"op": op, "class": cls.__name__, "module": cls.__module__})
+            walked[model_type] = list(layers.values())
+    return walked
 
 
-@functools.lru_cache(maxsize=None)
-def architecture_layers(name: str) -> tuple[str, str, tuple[dict, ...]]:
-    """(model_type, class name, each distinct {"op", "class", "module"} of vLLM's model), or a WorkflowError."""
+def walk_architectures(names: list[str]) -> dict[str, tuple[str, list[dict]]]:
+    """model_type -> (class name, each distinct {"op", "class", "module"} of vLLM's model) for every name, in one
+    child process; a WorkflowError for a name vLLM does not register or a model vLLM cannot build."""
     try:
-        model_type, cls_name = resolve_architecture(name)
+        resolved = [resolve_architecture(name) for name in names]
     except ImportError as e:
-        raise WorkflowError(f"architecture {name!r}: the operator map reads the installed vLLM's model registry, "
-                            f"and vLLM cannot be imported here ({e})") from None
-    done = subprocess.run([sys.executable, "-m", "sk.workflow.engine_map", model_type, cls_name],
+        raise WorkflowError(f"the operator map reads the installed vLLM's model registry, and vLLM cannot be "
+                            f"imported here ({e})") from None
+    done = subprocess.run([sys.executable, "-m", "sk.workflow.engine_map", json.dumps(resolved)],
                           capture_output=True, text=True, timeout=WALK_TIMEOUT_S)
     if done.returncode:
-        raise WorkflowError(f"vLLM could not build {cls_name} ({model_type}) on the meta device to list its "
-                            f"operators: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
-    return model_type, cls_name, tuple(json.loads(done.stdout.strip().splitlines()[-1]))
+        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit code {done.returncode}"
+        raise WorkflowError(f"vLLM could not build {', '.join(c for _, c in resolved)} on the meta device to list "
+                            f"the operators: {last}")
+    walked = json.loads(done.stdout.strip().splitlines()[-1])
+    for model_type, cls_name in resolved:
+        _walked[model_type] = (cls_name, walked[model_type])
+    return {model_type: _walked[model_type] for model_type, _ in resolved}
+
+
+# model_type -> (class name, layers): walked once per process.
+_walked: dict[str, tuple[str, list[dict]]] = {}
+
+
+def architecture_layers(name: str) -> tuple[str, str, tuple[dict, ...]]:
+    """(model_type, class name, its layers) for one architecture (walk_architectures)."""
+    model_type, _ = resolve_architecture(name)
+    if model_type not in _walked:
+        walk_architectures([name])
+    cls_name, layers = _walked[model_type]
+    return model_type, cls_name, tuple(layers)
 
 
 if __name__ == "__main__":
-    print(json.dumps(_walk(sys.argv[1], sys.argv[2])))
+    print(json.dumps(_walk([tuple(pair) for pair in json.loads(sys.argv[1])])))
