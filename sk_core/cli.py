@@ -146,7 +146,8 @@ def cmd_profile(args) -> int:
     from sk.workflow import profile
 
     profile.run(args.scenario, Path(args.out), with_sk=args.sk, enforce_eager=args.enforce_eager,
-                max_layers=args.max_layers, max_requests=args.max_requests, console=console)
+                max_layers=args.max_layers, max_requests=args.max_requests, console=console,
+                workloads=args.workloads.split(",") if args.workloads else None)
     return 0
 
 
@@ -241,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     profile.add_argument("--sk", action="store_true", help="profile with our adapter on (default: the stock engine)")
     profile.add_argument("--enforce-eager", action="store_true", help="no compilation or CUDA graphs")
     profile.add_argument("--out", type=output_dir, default="results/profile", help="folder for the JSON and PNG")
+    profile.add_argument("--workloads", metavar="TOKENS",
+                         help="comma-separated workloads instead of the rows' own "
+                              "(e.g. LLM.decode_batch_1,LLM.throughput)")
     profile.set_defaults(func=cmd_profile)
 
     from sk.evals.gate import main as gate_main

@@ -30,6 +30,8 @@ PROFILE_EXTENSION = "sk.workflow.profile_worker.StepProfiler"
 # vLLM's and SGLang's own defaults for the device memory an engine may take.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_MEM_FRACTION_STATIC = 0.8
+# SGLang's schedulers write the profiler's trace after stop_profile returns.
+TRACE_WAIT_S = 120
 _DEVNULL = open(os.devnull, "w")
 
 
@@ -160,25 +162,36 @@ class VllmEngine:
         del self.llm
 
 
+def sglang_engine_args(scenario: Scenario, job: dict) -> dict:
+    """sglang.Engine's arguments for a scenario row: the same settings as the vLLM row's, in SGLang's names."""
+    args = {"model_path": job["model_args"]["model"], "dtype": scenario.dtype, "tp_size": scenario.tp,
+            "kv_cache_dtype": scenario.kv_cache_dtype, "random_seed": 0, "sampling_backend": "pytorch",
+            # Captures read Python hooks: no CUDA graphs.
+            "disable_cuda_graph": job["enforce_eager"] or job["mode"] == "capture", **scenario.engine_args,
+            **memory_args(scenario, job["slot"], job["engines"])}
+    if "hf_overrides" in job["model_args"]:
+        args["json_model_override_args"] = json.dumps(job["model_args"]["hf_overrides"])
+        args["load_format"] = job["model_args"]["load_format"]
+    if scenario.max_model_len is not None:
+        args["context_length"] = scenario.max_model_len
+    return args
+
+
 class SglangEngine:
     """sglang.Engine; its layers run in scheduler processes, reached through Engine.get_server_info (each
     scheduler's internal state: our adapter's report, sk.workflow.sglang_capture's record) and its profiler."""
 
-    CAPTURE_KEY = "standardkernels_capture"
-
     def __init__(self, scenario: Scenario, job: dict):
         import sglang
 
-        args = {"model_path": job["model_args"]["model"], "dtype": scenario.dtype, "tp_size": scenario.tp,
-                "kv_cache_dtype": scenario.kv_cache_dtype, "random_seed": 0, "sampling_backend": "pytorch",
-                "disable_cuda_graph": job["enforce_eager"] or job["mode"] == "capture", **scenario.engine_args,
-                **memory_args(scenario, job["slot"], job["engines"])}
-        if "hf_overrides" in job["model_args"]:
-            args["json_model_override_args"] = json.dumps(job["model_args"]["hf_overrides"])
-            args["load_format"] = job["model_args"]["load_format"]
-        if scenario.max_model_len is not None:
-            args["context_length"] = scenario.max_model_len
+        args = sglang_engine_args(scenario, job)
         self.model_path = args["model_path"]
+        if job["mode"] == "profile":
+            import tempfile
+
+            self.profile_dir = tempfile.mkdtemp(prefix="sk-sglang-profile-")
+            # SGLang's own variable, read by its schedulers (spawned below) where start_profile names no folder.
+            os.environ["SGLANG_TORCH_PROFILER_DIR"] = self.profile_dir
         self.engine = sglang.Engine(**args)
 
     def tokenizer(self):
@@ -199,22 +212,31 @@ class SglangEngine:
         self._states()  # each ask hands over (and clears) the calls recorded since the last one
 
     def capture_operators(self) -> list[dict]:
-        return self._states()[0].get(self.CAPTURE_KEY, [])
+        from sk.workflow.sglang_capture import STATE_KEY
+
+        return self._states()[0].get(STATE_KEY, [])
 
     def profile(self, run) -> dict:
         import glob
-        import tempfile
 
         from sk.workflow.kernel_profile import load_trace, summarize_trace
 
-        with tempfile.TemporaryDirectory(prefix="sk-sglang-profile-") as out:
-            self.engine.start_profile(output_dir=out, activities=["GPU"])
-            steps = run()
-            self.engine.stop_profile()
-            traces = sorted(glob.glob(os.path.join(out, "**", "*TP-0*.trace.json*"), recursive=True))
-            if not traces:
-                raise RuntimeError(f"SGLang's profiler wrote no trace of TP rank 0 in {out}")
-            return summarize_trace(load_trace(traces[0]), steps=steps, device="cuda")
+        seen = set(glob.glob(os.path.join(self.profile_dir, "**", "*.trace.json*"), recursive=True))
+        try:
+            self.engine.start_profile(output_dir=self.profile_dir, activities=["GPU"])
+        except TypeError:  # an SGLang whose start_profile takes no options: SGLANG_TORCH_PROFILER_DIR (set at start)
+            self.engine.start_profile()
+        steps = run()
+        self.engine.stop_profile()
+        deadline = time.monotonic() + TRACE_WAIT_S
+        while not (traces := sorted(set(glob.glob(os.path.join(self.profile_dir, "**", "*TP-0*.trace.json*"),
+                                                  recursive=True)) - seen)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"SGLang's profiler wrote no trace of TP rank 0 in {self.profile_dir} within "
+                                   f"{TRACE_WAIT_S} s")
+            time.sleep(1)
+        time.sleep(2)  # the scheduler may still be writing the file it just created
+        return summarize_trace(load_trace(traces[0]), steps=steps, device="cuda")
 
     def candidates_replaced(self):
         return None
@@ -234,6 +256,10 @@ class SglangEngine:
 
     def close(self) -> None:
         self.engine.shutdown()
+        if hasattr(self, "profile_dir"):
+            import shutil
+
+            shutil.rmtree(self.profile_dir, ignore_errors=True)
 
 
 ENGINES = {"vllm": VllmEngine, "sglang": SglangEngine}

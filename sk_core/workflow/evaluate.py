@@ -186,12 +186,19 @@ def evaluate_scenario(scenario: scenarios.Scenario, *, out_dir: Path, stem: str,
         variants = ((paired.BASELINE, {}, None), (paired.CANDIDATE, candidate_env, candidates))
         engines: dict[str, EngineProcess] = {}
         try:
-            # One after the other: each engine sizes its memory from what is free once the previous one is up.
+            # One after the other where each engine sizes its memory from what is free once the previous one is
+            # up; together where the KV cache size is explicit (vLLM's CPU engine).
+            together = scenario.kv_cache_memory_bytes is not None
             for slot, (variant, env, folder) in enumerate(variants):
                 engines[variant] = EngineProcess(
                     scenario, label=f"{variant} {scenario.model}", env=env, progress=progress, candidates=folder,
                     log_path=out_dir / "logs" / f"{stem}.{scenario.slug}.{variant}.log", slot=slot, engines=2,
-                    **run_settings).wait_ready()
+                    **run_settings)
+                if not together:
+                    engines[variant].wait_ready()
+            if together:
+                for engine in engines.values():
+                    engine.wait_ready()
             rows = []
             for token in scenario.workloads:
                 spec = resolve(token).spec
@@ -226,6 +233,7 @@ def run(scenario_file: str, out_dir: Path, *, enforce_eager: bool, max_layers: i
     check_self_test(self_test, candidates)
     run_settings = {"enforce_eager": enforce_eager, "max_layers": max_layers, "max_requests": max_requests}
     loaded = scenarios.load(scenario_file)
+    scenarios.check_fits(loaded, 2, scenario_file)
     if candidates is not None:
         if any(s.engine != "vllm" for s in loaded):
             raise WorkflowError("--candidates runs candidate modules in vLLM only; the scenario file has "

@@ -3,8 +3,8 @@
 Pure functions on the trace's JSON (Chrome trace format, as `torch.profiler.profile.export_chrome_trace` and
 SGLang's profiler write it): `classify(name)` puts a kernel in one of CLASSES by its name, `summarize_trace`
 sums device time per class, the idle gaps between kernels, and kernels per engine step. On a GPU the events
-are the device's kernels (category "kernel"); on a CPU engine they are the innermost CPU ops (category
-"cpu_op" with no op inside them on the same thread), labelled as CPU.
+are the device's kernels (category "kernel"); on a CPU engine they are the CPU ops (category "cpu_op"), each
+counted for its exclusive time, labelled as CPU.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ CLASSES = ("gemm", "attention", "norm", "activation", "rotary/kv-cache", "sampli
 # sampling and rotary kernels say "flashinfer"; FlashAttention-3's say "cutlass"; CUTLASS GEMMs with a fused
 # epilogue say "relu"; Inductor's fused kernels say what they fuse ("triton_red_fused_..._rsqrt" is a norm).
 _RULES: list[tuple[str, tuple[str, ...]]] = [
-    ("rotary/kv-cache", ("rotary", "rope", "reshape_and_cache", "concat_and_cache", "cache_kernel", "kv_cache",
-                         "store_kvcache", "set_kv_buffer", "copy_blocks", "swap_blocks")),
+    ("rotary/kv-cache", ("rotary", "rope", "reshape_and_cache", "concat_and_cache", "cache_kernel", "store_kv",
+                         "set_kv_buffer", "kv_cache_update", "copy_blocks", "swap_blocks")),
     ("norm", ("rms_norm", "rmsnorm", "layernorm", "layer_norm", "norm_kernel", "ln_stats", "rsqrt", "batch_norm",
               "group_norm")),
     ("sampling", ("sampling", "sampler", "gumbel", "multinomial", "top_k", "topk", "top_p", "topp", "min_p",
@@ -56,20 +56,24 @@ def _events(trace: dict | list) -> list[dict]:
 
 
 def device_events(trace: dict | list) -> tuple[str, list[dict]]:
-    """("cuda", the GPU kernels) when the trace has any, else ("cpu", the innermost CPU ops)."""
+    """("cuda", the GPU kernels) when the trace has any, else ("cpu", every CPU op with its exclusive time,
+    "self": its duration less its children's on the same thread, so that nested ops are not counted twice)."""
     complete = [e for e in _events(trace) if e.get("ph") == "X" and "dur" in e]
     kernels = [e for e in complete if e.get("cat") == "kernel"]
     if kernels:
         return "cuda", kernels
-    ops = sorted((e for e in complete if e.get("cat") == "cpu_op"), key=lambda e: (e["pid"], e["tid"], e["ts"]))
-    leaves = []
-    for i, e in enumerate(ops):
-        end = e["ts"] + e["dur"]
-        nxt = ops[i + 1] if i + 1 < len(ops) else None
-        # Sorted by start within a thread: an op has a child iff the next op on its thread starts inside it.
-        if not (nxt and (nxt["pid"], nxt["tid"]) == (e["pid"], e["tid"]) and nxt["ts"] < end):
-            leaves.append(e)
-    return "cpu", leaves
+    ops = sorted((dict(e) for e in complete if e.get("cat") == "cpu_op"),
+                 key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"]))
+    stack: list[dict] = []
+    for e in ops:
+        e["self"] = e["dur"]
+        while stack and ((stack[-1]["pid"], stack[-1]["tid"]) != (e["pid"], e["tid"])
+                         or e["ts"] >= stack[-1]["ts"] + stack[-1]["dur"]):
+            stack.pop()
+        if stack:
+            stack[-1]["self"] -= e["dur"]
+        stack.append(e)
+    return "cpu", ops
 
 
 def idle_gaps_us(events: list[dict]) -> float:
@@ -89,11 +93,11 @@ def summarize_trace(trace: dict | list, *, steps: int | None, device: str | None
     classes = {cls: {"us": 0.0, "count": 0} for cls in CLASSES}
     names: dict[str, dict] = {}
     for e in events:
-        cls = classify(e["name"])
-        classes[cls]["us"] += e["dur"]
+        cls, us = classify(e["name"]), e.get("self", e["dur"])
+        classes[cls]["us"] += us
         classes[cls]["count"] += 1
         n = names.setdefault(e["name"], {"class": cls, "us": 0.0, "count": 0})
-        n["us"] += e["dur"]
+        n["us"] += us
         n["count"] += 1
     busy = sum(c["us"] for c in classes.values())
     for c in classes.values():

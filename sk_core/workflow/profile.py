@@ -19,6 +19,7 @@ from sk import settings
 from sk.workflow import scenarios
 from sk.workflow.engine_runner import EngineProcess, progress_bars
 from sk.workflow.kernel_profile import CLASSES
+from sk.workflow.workloads import resolve
 
 SCHEMA = "standardkernels.profile/1"
 
@@ -69,8 +70,15 @@ def write_chart(document: dict, path: Path) -> Path | None:
 
 
 def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool, max_layers: int | None,
-        max_requests: int | None, console: Console) -> None:
+        max_requests: int | None, console: Console, workloads: list[str] | None = None) -> None:
+    """`workloads`: tokens that replace every row's workloads (e.g. decode batches 1, 8, 64 and a prefill-heavy
+    one), validated as a row's are."""
     loaded = scenarios.load(scenario_file)
+    if workloads:
+        for token in workloads:
+            resolve(token)
+        loaded = [s.model_copy(update={"workloads": workloads}) for s in loaded]
+    scenarios.check_fits(loaded, 1, scenario_file)
     stem = Path(scenario_file).stem
     variant = "standardkernels adapter" if with_sk else "stock"
     results = []

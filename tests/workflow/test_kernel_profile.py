@@ -25,7 +25,8 @@ NAMES = {
         "CollectiveMainloopFwdSm90<2, cute::tuple<cute::C<1>>, cutlass::bfloat16_t> > > >(...)",
         "void flashinfer::BatchPrefillWithPagedKVCacheKernel<flashinfer::KernelTraits<...> >(...)",
         "void flashinfer::BatchDecodeWithPagedKVCacheKernel<...>(...)",
-        "kernel_unified_attention_2d", "_fwd_kernel_stage1", "void vllm::paged_attention_v2_kernel<...>(...)",
+        "kernel_unified_attention_2d", "_C::cpu_attention_with_kv_cache", "_fwd_kernel_stage1",
+        "void vllm::paged_attention_v2_kernel<...>(...)",
     ],
     "norm": [
         "void vllm::rms_norm_kernel<c10::BFloat16, 8, 2>(...)",
@@ -45,7 +46,8 @@ NAMES = {
         "void vllm::rotary_embedding_kernel<c10::BFloat16, true>(...)",
         "void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, __nv_bfloat16, (vllm::Fp8KVCacheDataType)0>(...)",
         "void flashinfer::BatchQKApplyRotaryPosIdsCosSinCacheKernel<...>(...)", "store_kvcache",
-        "void vllm::concat_and_cache_mla_kernel<...>(...)",
+        "void vllm::concat_and_cache_mla_kernel<...>(...)", "_C::cpu_attn_reshape_and_cache",
+        "vllm::unified_kv_cache_update",
     ],
     "sampling": [
         "void flashinfer::sampling::TopKTopPSamplingFromProbKernel<1024u, (cub::BlockScanAlgorithm)0>(...)",
@@ -78,11 +80,12 @@ def test_the_trace_summary_sums_classes_gaps_and_kernels_per_step():
     assert summary["idle_gap_us"] == pytest.approx(21 + 50)
 
 
-def test_a_cpu_trace_is_summarized_from_its_innermost_ops():
+def test_a_cpu_trace_counts_each_op_for_its_exclusive_time():
     trace = [{"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 1, "tid": 1, "ts": 0.0, "dur": 10.0},
              {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "pid": 1, "tid": 1, "ts": 1.0, "dur": 8.0},
              {"ph": "X", "cat": "cpu_op", "name": "_C::silu_and_mul", "pid": 1, "tid": 1, "ts": 12.0, "dur": 3.0}]
     summary = summarize_trace(trace, steps=1)
-    assert summary["device"] == "cpu" and summary["kernels"] == 2
-    assert summary["classes"]["gemm"]["us"] == 8.0 and summary["classes"]["activation"]["us"] == 3.0
-    assert summary["idle_gap_us"] == 3.0
+    assert summary["device"] == "cpu" and summary["kernels"] == 3
+    assert summary["classes"]["gemm"]["us"] == 10.0 and summary["classes"]["activation"]["us"] == 3.0
+    assert summary["busy_us"] == 13.0
+    assert summary["idle_gap_us"] == 2.0
