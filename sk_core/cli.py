@@ -90,8 +90,9 @@ def list_map(arch: str, capture_dir: Path) -> int:
     from sk.workflow.operators import architecture, operators_of_layers
 
     if importlib.util.find_spec("vllm") is not None:
-        from sk.workflow.engine_map import architecture_layers
+        from sk.workflow.engine_map import architecture_layers, resolve_architecture
 
+        distinct_calls(capture_dir, resolve_architecture(arch)[0])  # a broken capture folder: refused before the walk
         model_type, cls_name, layers = architecture_layers(arch)
         engine_classes: dict[str, list[str]] = {}
         for layer in layers:

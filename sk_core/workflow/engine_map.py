@@ -11,11 +11,14 @@ vLLM's distributed state and config stay out of the calling process.
 """
 from __future__ import annotations
 
+import ast
 import difflib
 import functools
+import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from sk.workflow.errors import WorkflowError
 
@@ -25,13 +28,40 @@ TINY_CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers":
 WALK_TIMEOUT_S = 300
 
 
+def _module_source(module: str) -> ast.Module:
+    # Found from the top-level package: find_spec of a submodule would import its parents.
+    package, *rest = module.split(".")
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"no module named {package!r}")
+    return ast.parse(Path(spec.origin).parent.joinpath(*rest[:-1], rest[-1] + ".py").read_text(encoding="utf-8"))
+
+
+def _string_keys(node: ast.AST) -> list:
+    if isinstance(node, ast.Dict):
+        return [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+    return []
+
+
 @functools.lru_cache(maxsize=None)
 def causal_lm_architectures() -> dict[str, str]:
     """HF model_type -> its causal-LM class name, for the text-only form where a model has one (gemma3 ->
-    gemma3_text's Gemma3ForCausalLM), restricted to what the installed vLLM registers."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
-    from vllm.model_executor.models.registry import _VLLM_MODELS as registered
+    gemma3_text's Gemma3ForCausalLM), restricted to what the installed vLLM registers.
 
+    Read from the installed packages' source (transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, vLLM's registry
+    tables) without importing them: a name is resolved, or refused, in milliseconds and with no side effect.
+    """
+    registered = set()
+    for node in _module_source("vllm.model_executor.models.registry").body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id.endswith("_MODELS") for t in targets):
+                registered.update(_string_keys(node.value))
+    causal: dict[str, str] = {}
+    for node in _module_source("transformers.models.auto.modeling_auto").body:
+        if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
+                                                 for t in node.targets)):
+            causal = dict(ast.literal_eval(node.value.args[0]))  # OrderedDict([(model_type, class name), ...])
     found = {}
     for model_type, cls in causal.items():
         text = causal.get(f"{model_type}_text")
@@ -53,7 +83,7 @@ def resolve_architecture(name: str) -> tuple[str, str]:
     lowered = {k.lower(): k for k in [*known, *by_class]}
     if name.lower() in lowered:
         return resolve_architecture(lowered[name.lower()])
-    close = difflib.get_close_matches(name.lower(), list(lowered), n=6, cutoff=0.5)
+    close = difflib.get_close_matches(name.lower(), list(lowered), n=6, cutoff=0.6)
     hint = f"close matches: {', '.join(lowered[c] for c in close)}" if close else \
         f"known: {len(known)} model types, e.g. {', '.join(sorted(known)[:8])}"
     raise WorkflowError(f"unknown architecture {name!r}: the installed vLLM registers no causal LM of that name; "

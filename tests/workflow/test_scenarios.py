@@ -50,7 +50,7 @@ def test_a_scenario_that_cannot_fit_the_device_is_refused(tmp_path):
     loaded = scenarios.load(write(tmp_path, "scenarios:\n" + row))
     with pytest.raises(WorkflowError, match=r"s.yaml: scenarios.0 \(sk-tiny/llama \(vllm, tp=1\)\) does not fit the "
                                             r"device: it needs 1\d\d\.\d GiB per engine \(weights 1\d\d\.\d, kv one "
-                                            r"sequence 1\.3, overhead 2\.0\), and 2 engine\(s\) on 80 GiB at "
+                                            r"sequence 1\.\d, overhead 2\.0\), and 2 engine\(s\) on 80 GiB at "
                                             r"gpu_memory_utilization 0.9 get 36.0 GiB each"):
         scenarios.check_fits(loaded, 2, write(tmp_path, "scenarios:\n" + row))
 
