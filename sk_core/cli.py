@@ -139,8 +139,12 @@ def cmd_eval(args) -> int:
 
     passed = evaluate.run(args.scenario, Path(args.out), enforce_eager=args.enforce_eager, max_layers=args.max_layers,
                           max_requests=args.max_requests, candidates=args.candidates, console=console,
-                          rounds=args.rounds, self_test=args.self_test)
+                          rounds=args.rounds, self_test=args.self_test, workloads=_tokens(args.workloads))
     return 0 if passed else 1
+
+
+def _tokens(value: str | None) -> list[str] | None:
+    return [t.strip() for t in value.split(",") if t.strip()] if value else None
 
 
 def cmd_profile(args) -> int:
@@ -148,7 +152,7 @@ def cmd_profile(args) -> int:
 
     profile.run(args.scenario, Path(args.out), with_sk=args.sk, enforce_eager=args.enforce_eager,
                 max_layers=args.max_layers, max_requests=args.max_requests, console=console,
-                workloads=args.workloads.split(",") if args.workloads else None)
+                workloads=_tokens(args.workloads))
     return 0
 
 
@@ -178,6 +182,12 @@ def _engine_run_options(parser: argparse.ArgumentParser) -> None:
                         help="build the model with only this many layers, 1 or more (cheap loops)")
     parser.add_argument("--max-requests", type=positive_int, metavar="N",
                         help="cap each throughput workload's request count (1 or more)")
+
+
+def _workloads_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workloads", metavar="TOKENS",
+                        help="comma-separated workloads instead of the rows' own "
+                             "(e.g. LLM.decode_batch_1,LLM.throughput)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--rounds", type=positive_int, default=DEFAULT_ROUNDS, metavar="N",
                           help=f"paired rounds per workload, each one timed batch per engine, A B B A ... "
                                f"(default {DEFAULT_ROUNDS})")
+    _workloads_option(evaluate)
     evaluate.add_argument("--self-test", action="store_true",
                           help="the stock engine as both baseline and candidate: every interval should hold 1.00")
     evaluate.set_defaults(func=cmd_eval)
@@ -243,9 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     profile.add_argument("--sk", action="store_true", help="profile with our adapter on (default: the stock engine)")
     profile.add_argument("--enforce-eager", action="store_true", help="no compilation or CUDA graphs")
     profile.add_argument("--out", type=output_dir, default="results/profile", help="folder for the JSON and PNG")
-    profile.add_argument("--workloads", metavar="TOKENS",
-                         help="comma-separated workloads instead of the rows' own "
-                              "(e.g. LLM.decode_batch_1,LLM.throughput)")
+    _workloads_option(profile)
     profile.set_defaults(func=cmd_profile)
 
     from sk.evals.gate import main as gate_main

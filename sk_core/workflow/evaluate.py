@@ -228,11 +228,12 @@ def evaluate_scenario(scenario: scenarios.Scenario, *, out_dir: Path, stem: str,
 
 def run(scenario_file: str, out_dir: Path, *, enforce_eager: bool, max_layers: int | None,
         max_requests: int | None, candidates: Path | None, console: Console, rounds: int = paired.DEFAULT_ROUNDS,
-        self_test: bool = False) -> bool:
-    """Evaluate every scenario of the file, print the summaries, write JSON + PNG; True when all tokens match."""
+        self_test: bool = False, workloads: list[str] | None = None) -> bool:
+    """Evaluate every scenario of the file, print the summaries, write JSON + PNG; True when all tokens match.
+    `workloads`: tokens that replace every row's own."""
     check_self_test(self_test, candidates)
     run_settings = {"enforce_eager": enforce_eager, "max_layers": max_layers, "max_requests": max_requests}
-    loaded = scenarios.load(scenario_file)
+    loaded = scenarios.with_workloads(scenarios.load(scenario_file), workloads)
     scenarios.check_fits(loaded, 2, scenario_file)
     if candidates is not None:
         if any(s.engine != "vllm" for s in loaded):

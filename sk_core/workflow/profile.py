@@ -19,7 +19,6 @@ from sk import settings
 from sk.workflow import scenarios
 from sk.workflow.engine_runner import EngineProcess, progress_bars
 from sk.workflow.kernel_profile import CLASSES
-from sk.workflow.workloads import resolve
 
 SCHEMA = "standardkernels.profile/1"
 
@@ -73,11 +72,7 @@ def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool
         max_requests: int | None, console: Console, workloads: list[str] | None = None) -> None:
     """`workloads`: tokens that replace every row's workloads (e.g. decode batches 1, 8, 64 and a prefill-heavy
     one), validated as a row's are."""
-    loaded = scenarios.load(scenario_file)
-    if workloads:
-        for token in workloads:
-            resolve(token)
-        loaded = [s.model_copy(update={"workloads": workloads}) for s in loaded]
+    loaded = scenarios.with_workloads(scenarios.load(scenario_file), workloads)
     scenarios.check_fits(loaded, 1, scenario_file)
     stem = Path(scenario_file).stem
     variant = "standardkernels adapter" if with_sk else "stock"

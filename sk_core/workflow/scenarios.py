@@ -160,6 +160,16 @@ class Scenario(BaseModel):
         return [resolve(token) for token in self.workloads]
 
 
+def with_workloads(loaded: list[Scenario], tokens: list[str] | None) -> list[Scenario]:
+    """The rows with `tokens` (a command's --workloads) instead of their own workloads; WorkflowError for an
+    unknown one."""
+    if not tokens:
+        return loaded
+    for token in tokens:
+        resolve(token)
+    return [s.model_copy(update={"workloads": list(tokens)}) for s in loaded]
+
+
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Activations, CUDA graphs, sampler and allocator workspace of one engine, beyond weights and KV cache.
 ENGINE_OVERHEAD_GIB = 2.0
