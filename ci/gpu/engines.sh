@@ -63,12 +63,12 @@ case $step in
           command=(bash ci/gpu/accuracy_gate.sh run "$work" "$engine" "$style") ;;
   eval)   command=(python3 -m sk.cli eval scenarios/h200-llama.yaml --max-requests 64 --out "$work") ;;
   selftest-*|pair-*)
-          scenario=scenarios/h200-${step#*-}.yaml
+          scenario=$PWD/scenarios/h200-${step#*-}.yaml
           command=(python3 -m sk.cli eval "$scenario" --out "$work"
                    ${SK_EVAL_WORKLOADS:+--workloads "$SK_EVAL_WORKLOADS"})
           [ "${step%%-*}" = selftest ] && command+=(--self-test) ;;
   profile-*)
-          command=(python3 -m sk.cli profile "scenarios/h200-${step#profile-}.yaml" --out "$work"
+          command=(python3 -m sk.cli profile "$PWD/scenarios/h200-${step#profile-}.yaml" --out "$work"
                    --workloads LLM.decode_batch_1,LLM.decode_batch_8,LLM.decode_batch_64,LLM.throughput) ;;
   *)      echo "unknown step $step" >&2; exit 2 ;;
 esac
