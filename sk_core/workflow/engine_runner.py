@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import deque
 from pathlib import Path
 
@@ -105,14 +106,19 @@ class EngineProcess:
 
     def close(self) -> None:
         if self._child.poll() is None:
+            # An engine that hangs in its shutdown is killed: the kill ends the wait for its last lines too.
+            deadline = threading.Timer(CLOSE_TIMEOUT_S, self._child.kill)
+            deadline.start()
             try:
                 self._child.stdin.write(json.dumps({"command": "exit"}) + "\n")
                 self._child.stdin.flush()
                 self._until("closed")
-                self._child.wait(timeout=CLOSE_TIMEOUT_S)
-            except (OSError, WorkflowError, subprocess.TimeoutExpired):
+                self._child.wait()
+            except (OSError, WorkflowError):
                 self._child.kill()
                 self._child.wait()
+            finally:
+                deadline.cancel()
         self._log.close()
         self._work.cleanup()
         self.progress.update(self.task, visible=False)

@@ -59,7 +59,8 @@ def write_chart(document: dict, path: Path) -> Path | None:
         bottoms = [b + v for b, v in zip(bottoms, values)]
     ax.set_xticks(range(len(bars)), [label for label, _ in bars], fontsize=7)
     unit = "GPU" if bars and bars[0][1]["device"] == "cuda" else "CPU"
-    ax.set_ylabel(f"{unit} ms per engine step (whole batch when steps are unknown)")
+    known = all(r["steps"] for _, r in bars)
+    ax.set_ylabel(f"{unit} ms per engine step" if known else f"{unit} ms (per step where known)")
     ax.legend(fontsize=7, ncol=2)
     ax.set_title(f"sk profile {document['scenario_file']} ({document['variant']}, {document['date']})", fontsize=9)
     fig.tight_layout()
