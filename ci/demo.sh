@@ -12,4 +12,4 @@ python -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' |
 sk list
 sk selfcheck
 # The engines run our ops through their PyTorch path on CPU (interpreted Triton would take minutes here).
-env -u TRITON_INTERPRET sk eval scenarios/tiny.yaml --max-requests 8 --out "${SK_DEMO_OUT:-results/tmp/demo}"
+env -u TRITON_INTERPRET sk eval scenarios/tiny.yaml --max-requests 8 --rounds 4 --out "${SK_DEMO_OUT:-results/tmp/demo}"

@@ -84,20 +84,36 @@ def list_workloads() -> int:
 
 
 def list_map(arch: str, capture_dir: Path) -> int:
-    from sk.workflow.capture import distinct_calls
-    from sk.workflow.operators import architecture
+    import importlib.util
 
-    operators = architecture(arch)
-    captured = distinct_calls(capture_dir, arch)
-    table = Table(title=f"Operators of {arch} in vLLM, and Standard Kernels coverage")
+    from sk.workflow.capture import distinct_calls
+    from sk.workflow.operators import architecture, operators_of_layers
+
+    if importlib.util.find_spec("vllm") is not None:
+        from sk.workflow.engine_map import architecture_layers, resolve_architecture
+
+        distinct_calls(capture_dir, resolve_architecture(arch)[0])  # a broken capture folder: refused before the walk
+        model_type, cls_name, layers = architecture_layers(arch)
+        engine_classes: dict[str, list[str]] = {}
+        for layer in layers:
+            engine_classes.setdefault(layer["op"], []).append(layer["class"])
+        operators = operators_of_layers(list(layers))
+        title = f"Operators of {model_type} ({cls_name}) in the installed vLLM, and Standard Kernels coverage"
+    else:
+        model_type, operators = arch, architecture(arch)
+        engine_classes = {op.name: [op.vllm_class] for op in operators}
+        title = f"Operators of {arch} in vLLM (built-in list: vLLM is not installed), and Standard Kernels coverage"
+    captured = distinct_calls(capture_dir, model_type)
+    table = Table(title=title)
     columns = ("Operator", "vLLM class", "Standard Kernels", "Baseline / stub", f"Captured shapes ({capture_dir}/)")
     for column in columns:
         table.add_column(column)
     for op in operators:
-        table.add_row(op.name, op.vllm_class, ", ".join(f"sk.ops.{o}" for o in op.sk_ops) or "[dim]not covered",
+        table.add_row(op.name, ", ".join(engine_classes[op.name]),
+                      ", ".join(f"sk.ops.{o}" for o in op.sk_ops) or "[dim]not covered",
                       "yes" if op.baseline else "[dim]no", str(captured.get(op.name, 0)) if captured else "-")
     for name in sorted(set(captured) - {op.name for op in operators}):
-        table.add_row(name, "[yellow]captured, not in the built-in map", "", "", str(captured[name]))
+        table.add_row(name, "[yellow]captured, not in vLLM's model class", "", "", str(captured[name]))
     console.print(table)
     return 0
 
@@ -122,9 +138,22 @@ def cmd_eval(args) -> int:
     from sk.workflow import evaluate
 
     passed = evaluate.run(args.scenario, Path(args.out), enforce_eager=args.enforce_eager, max_layers=args.max_layers,
-                          max_requests=args.max_requests, candidates=args.candidates,
-                          console=console)
+                          max_requests=args.max_requests, candidates=args.candidates, console=console,
+                          rounds=args.rounds, self_test=args.self_test, workloads=_tokens(args.workloads))
     return 0 if passed else 1
+
+
+def _tokens(value: str | None) -> list[str] | None:
+    return [t.strip() for t in value.split(",") if t.strip()] if value else None
+
+
+def cmd_profile(args) -> int:
+    from sk.workflow import profile
+
+    profile.run(args.scenario, Path(args.out), with_sk=args.sk, enforce_eager=args.enforce_eager,
+                max_layers=args.max_layers, max_requests=args.max_requests, console=console,
+                workloads=_tokens(args.workloads))
+    return 0
 
 
 def cmd_bench(args) -> int:
@@ -155,9 +184,16 @@ def _engine_run_options(parser: argparse.ArgumentParser) -> None:
                         help="cap each throughput workload's request count (1 or more)")
 
 
+def _workloads_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workloads", metavar="TOKENS",
+                        help="comma-separated workloads instead of the rows' own "
+                             "(e.g. LLM.decode_batch_1,LLM.throughput)")
+
+
 def main(argv: list[str] | None = None) -> int:
     from sk.workflow.candidates import default_dir
     from sk.workflow.errors import WorkflowError
+    from sk.workflow.paired import DEFAULT_ROUNDS
 
     parser = argparse.ArgumentParser(prog="sk", description="Standard Kernels: fused GPU kernels for LLM layers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -204,7 +240,22 @@ def main(argv: list[str] | None = None) -> int:
                           help="candidate = your modules in DIR (sk create-stubs) instead of Standard Kernels' adapter")
     evaluate.add_argument("--out", type=output_dir, default="results/eval",
                           help="folder for the JSON, the PNG chart and engine logs")
+    evaluate.add_argument("--rounds", type=positive_int, default=DEFAULT_ROUNDS, metavar="N",
+                          help=f"paired rounds per workload, each one timed batch per engine, A B B A ... "
+                               f"(default {DEFAULT_ROUNDS})")
+    _workloads_option(evaluate)
+    evaluate.add_argument("--self-test", action="store_true",
+                          help="the stock engine as both baseline and candidate: every interval should hold 1.00")
     evaluate.set_defaults(func=cmd_eval)
+
+    profile = sub.add_parser("profile", help="where a step's time goes: GPU time per kernel class, idle gaps, "
+                                            "kernels per step, per workload")
+    _engine_run_options(profile)
+    profile.add_argument("--sk", action="store_true", help="profile with our adapter on (default: the stock engine)")
+    profile.add_argument("--enforce-eager", action="store_true", help="no compilation or CUDA graphs")
+    profile.add_argument("--out", type=output_dir, default="results/profile", help="folder for the JSON and PNG")
+    _workloads_option(profile)
+    profile.set_defaults(func=cmd_profile)
 
     from sk.evals.gate import main as gate_main
     from sk.export.command import add_arguments as export_arguments

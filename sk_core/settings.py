@@ -69,6 +69,11 @@ SETTINGS: dict[str, Setting] = {
         "SK_CANDIDATE_DIR", "candidates", _path,
         "The candidate-kernel folder of `sk bench`, `sk eval` and `sk create-stubs` (`--candidates` overrides).",
         live=True),
+    "capture": Setting(
+        "SK_CAPTURE", "0", _flag,
+        "`1`: SGLang's scheduler processes record their layers' constructor arguments and input shapes "
+        "(`sk.workflow.sglang_capture`, through our SGLang plugin entry point); set by `sk capture` for "
+        "`engine: sglang` rows.", live=True),
     "geglu_fold_ln": Setting(
         "SK_GEGLU_FOLD_LN", "1", _flag,
         "`0`: inference of `fused_pre_norm_geglu` normalizes x in the gate/up kernel instead of using cached "

@@ -13,7 +13,8 @@ TEXT = (".py", ".md", ".sh", ".toml", ".yaml", ".txt")
 SKIP = ("upstream_patches/", "results/", "models/trained/")
 # Named on purpose though not in this tree: vLLM's test folder (the exported series add a file there), and
 # output folders the CLI creates on first use.
-ELSEWHERE = {"tests/kernels/core", "tests/kernels/core/test_standard_kernels.py", "results/bench", "results/eval"}
+ELSEWHERE = {"tests/kernels/core", "tests/kernels/core/test_standard_kernels.py", "results/bench", "results/eval",
+             "results/profile"}
 
 
 def named_paths():

@@ -16,6 +16,10 @@
 #   gate                    the lm-eval accuracy gate on the trained models (ci/gpu/accuracy_gate.sh)
 #   gate-ENGINE[-STYLE]     one engine's rows of it (gate-sglang-llama, gate-vllm, ...)
 #   eval                    sk eval on scenarios/h200-llama.yaml, CUDA graphs on
+#   selftest-MODEL-ENGINE   sk eval --self-test on h200-MODEL-ENGINE.yaml (in scenarios/): stock against stock
+#   pair-MODEL-ENGINE       sk eval on it: stock against our adapter, paired (e.g. pair-llama3-8b-sglang)
+#   profile-MODEL-ENGINE    sk profile on it, stock: decode batch 1, 8, 64 and the 1024/128 throughput batch
+#                           ($SK_EVAL_WORKLOADS, comma-separated, replaces the workloads of selftest- and pair-)
 # A step writes everything into /tmp/sk-gpu/STEP and leaves in OUTDIR one archive of it, STEP.tgz (the device
 # tool brings back at most 8 files a call).
 set -uo pipefail
@@ -58,6 +62,14 @@ case $step in
           IFS=- read -r _ engine style <<< "$step"
           command=(bash ci/gpu/accuracy_gate.sh run "$work" "$engine" "$style") ;;
   eval)   command=(python3 -m sk.cli eval scenarios/h200-llama.yaml --max-requests 64 --out "$work") ;;
+  selftest-*|pair-*)
+          scenario=$PWD/scenarios/h200-${step#*-}.yaml
+          command=(python3 -m sk.cli eval "$scenario" --out "$work"
+                   ${SK_EVAL_WORKLOADS:+--workloads "$SK_EVAL_WORKLOADS"})
+          [ "${step%%-*}" = selftest ] && command+=(--self-test) ;;
+  profile-*)
+          command=(python3 -m sk.cli profile "$PWD/scenarios/h200-${step#profile-}.yaml" --out "$work"
+                   --workloads LLM.decode_batch_1,LLM.decode_batch_8,LLM.decode_batch_64,LLM.throughput) ;;
   *)      echo "unknown step $step" >&2; exit 2 ;;
 esac
 # Stopped in time for the archive to be written within the device tool's 10 minutes.

@@ -1,8 +1,9 @@
 """Small random-weight decoder models in Hugging Face layout, made here with a fixed seed (no hub).
 
-Two styles cover the layers our engine adapters replace:
+Three styles cover the layers our engine adapters replace:
   - "llama": RMSNorm + SwiGLU (SiluAndMul);
-  - "gemma": GemmaRMSNorm (scales by 1 + weight) + GEGLU with tanh GELU (untied lm_head unless asked).
+  - "gemma": GemmaRMSNorm (scales by 1 + weight) + GEGLU with tanh GELU (untied lm_head unless asked);
+  - "qwen3": Llama's layers plus an RMSNorm over each head of q and k (q_norm, k_norm; width head_dim).
 The weights are scaled so that logits are peaked (greedy decoding is then stable against rounding-level
 differences between kernels), and head_dim is 64, which every vLLM attention backend (CPU included) accepts.
 Writing needs `safetensors` and `tokenizers` (both come with vLLM).
@@ -24,7 +25,8 @@ from sk.models.tokenizer import SPECIAL_TOKENS, VOCAB_SIZE, write_byte_tokenizer
 
 # Bump when the files written for the same parameters change, so caches are rebuilt.
 FORMAT_VERSION = 1
-STYLES = ("llama", "gemma")
+STYLES = ("llama", "gemma", "qwen3")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,16 +44,32 @@ class TinyModelSpec:
     # vLLM 0.25's Gemma accepts only tied embeddings; untied ones give a tiny Gemma more varied tokens.
     tie_word_embeddings: bool = False
     seed: int = 0
+    # The dtype of the weight file: bfloat16 halves a full-depth model's file and the time to write it.
+    weights_dtype: str = "float32"
 
     def __post_init__(self):
         if self.style not in STYLES:
             raise ValueError(f"unknown model style {self.style!r}; known: {', '.join(STYLES)}")
+        if self.weights_dtype not in _DTYPES:
+            raise ValueError(f"weights_dtype must be one of {', '.join(_DTYPES)}, not {self.weights_dtype!r}")
         if self.vocab_size < VOCAB_SIZE:
             raise ValueError(f"vocab_size must hold the byte tokenizer's {VOCAB_SIZE} tokens")
 
     def key(self) -> str:
-        text = json.dumps([FORMAT_VERSION, dataclasses.asdict(self)], sort_keys=True)
+        fields = dataclasses.asdict(self)
+        if fields["weights_dtype"] == "float32":  # the models written before the field existed keep their keys
+            del fields["weights_dtype"]
+        text = json.dumps([FORMAT_VERSION, fields], sort_keys=True)
         return f"{self.style}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def parameter_count(spec: TinyModelSpec) -> int:
+    """The number of weights `spec`'s model has (what `_weights` writes)."""
+    h, q, kv = spec.hidden_size, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    per_layer = 2 * h * q + 2 * h * kv + 3 * h * spec.intermediate_size + 2 * h
+    per_layer += 2 * spec.head_dim if spec.style == "qwen3" else 0
+    head = 0 if spec.tie_word_embeddings else spec.vocab_size * h
+    return spec.vocab_size * h + spec.num_layers * per_layer + h + head
 
 
 def default_cache_dir() -> Path:
@@ -89,13 +107,16 @@ def _config(spec: TinyModelSpec) -> dict:
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
         "tie_word_embeddings": spec.tie_word_embeddings,
-        "torch_dtype": "float32",
+        "torch_dtype": spec.weights_dtype,
         "pad_token_id": SPECIAL_TOKENS.index("<pad>"),
         "bos_token_id": SPECIAL_TOKENS.index("<bos>"),
         "eos_token_id": SPECIAL_TOKENS.index("<eos>"),
     }
     if spec.style == "llama":
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", **common}
+    if spec.style == "qwen3":
+        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu",
+                "attention_bias": False, **common}
     return {"architectures": ["GemmaForCausalLM"], "model_type": "gemma",
             "hidden_activation": "gelu_pytorch_tanh", **common}
 
@@ -104,8 +125,11 @@ def _weights(spec: TinyModelSpec) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(spec.seed)
     h, q, kv = spec.hidden_size, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
 
+    dtype = _DTYPES[spec.weights_dtype]
+
     def linear(out_features, in_features, gain=1.0):
-        return torch.randn(out_features, in_features, generator=gen) * (gain / in_features ** 0.5)
+        # Rounded as made: a full-depth model's matrices are never all held in fp32 at once.
+        return (torch.randn(out_features, in_features, generator=gen) * (gain / in_features ** 0.5)).to(dtype)
 
     def norm():
         # Gemma stores the offset from 1; both styles end up with scales near 1 that differ per channel.
@@ -132,16 +156,24 @@ def _weights(spec: TinyModelSpec) -> dict[str, torch.Tensor]:
             p + "mlp.up_proj.weight": linear(spec.intermediate_size, h),
             p + "mlp.down_proj.weight": linear(h, spec.intermediate_size),
         })
+        if spec.style == "qwen3":
+            weights[p + "self_attn.q_norm.weight"] = 1.0 + torch.randn(spec.head_dim, generator=gen) * 0.1
+            weights[p + "self_attn.k_norm.weight"] = 1.0 + torch.randn(spec.head_dim, generator=gen) * 0.1
     weights["model.norm.weight"] = norm()
     if not spec.tie_word_embeddings:
         weights["lm_head.weight"] = linear(spec.vocab_size, h, gain=spec.logit_scale)
     return {name: t.contiguous() for name, t in weights.items()}
 
 
+def _cast(spec: TinyModelSpec, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    dtype = _DTYPES[spec.weights_dtype]
+    return {name: t.to(dtype) for name, t in weights.items()}
+
+
 def _write(spec: TinyModelSpec, out_dir: Path) -> None:
     from safetensors.torch import save_file
 
-    save_file(_weights(spec), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file(_cast(spec, _weights(spec)), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(_config(spec), indent=2) + "\n")
     generation = {k: v for k, v in _config(spec).items() if k.endswith("_token_id")}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

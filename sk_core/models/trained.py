@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sk.models.tiny import STYLES
+# The styles the project trained (sk.models.tiny has more styles of random-weight models).
+TRAINED_STYLES = ("llama", "gemma")
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # the installed `sk` package (sk_core in a checkout)
 LOCATIONS = (
@@ -19,8 +20,8 @@ LOCATIONS = (
 def trained_model(style: str) -> Path:
     """Directory of the trained model of `style` (ValueError for an unknown style, FileNotFoundError when the
     installed package has no copy of the files)."""
-    if style not in STYLES:
-        raise ValueError(f"unknown trained model style {style!r}; known: {', '.join(STYLES)}")
+    if style not in TRAINED_STYLES:
+        raise ValueError(f"unknown trained model style {style!r}; known: {', '.join(TRAINED_STYLES)}")
     for location in LOCATIONS:
         if (location / style / "model.safetensors").is_file():
             return location / style

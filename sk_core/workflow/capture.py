@@ -1,13 +1,16 @@
 """`sk capture`: the operators an engine executes under each workload of a scenario file, one JSON per pair.
 
-Each scenario's engine runs once (eagerly, with sk.workflow.capture_worker in its workers) over all of its
-workloads; the record is reset before each workload, so a file holds exactly that workload's calls.
+Each scenario's engine runs once, eagerly, over all of its workloads, recording its layers where they run:
+vLLM rows with sk.workflow.capture_worker in the workers, SGLang rows with sk.workflow.sglang_capture in the
+schedulers (SK_CAPTURE=1). The record is reset before each workload, so a file holds exactly that workload's
+calls.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from sk import settings
 from sk.workflow import scenarios
 from sk.workflow.engine_runner import progress_bars, run_engine_job
 from sk.workflow.errors import WorkflowError
@@ -22,10 +25,12 @@ def capture_path(out_dir: Path, scenario: scenarios.Scenario, token: str) -> Pat
 
 def run(scenario_file: str, out_dir: Path, max_layers: int | None, max_requests: int | None) -> list[Path]:
     written = []
-    loaded = scenarios.load(scenario_file, engines=("vllm",))
+    loaded = scenarios.load(scenario_file)
+    scenarios.check_fits(loaded, 1, scenario_file)
     with progress_bars() as progress:
         for scenario in loaded:
-            result = run_engine_job(scenario, label=f"capture {scenario.model}", env={},
+            env = {settings.env_name("capture"): "1"} if scenario.engine == "sglang" else {}
+            result = run_engine_job(scenario, label=f"capture {scenario.model}", env=env,
                                     log_path=out_dir / "logs" / f"{scenario.slug}.log", progress=progress,
                                     capture=True, max_layers=max_layers, max_requests=max_requests)
             for token, workload in result["workloads"].items():

@@ -1,18 +1,19 @@
-"""One engine process of `sk capture` / `sk eval`: start the engine for a scenario, run its workloads, write JSON.
+"""One engine process of `sk capture` / `sk eval` / `sk profile`: start the engine for a scenario, then serve the
+parent's commands (run a workload's batch, capture, profile) until told to exit.
 
     python -m sk.workflow.engine_job JOB.json
 
 The parent (sk.workflow.engine_runner) decides baseline or candidate through the environment it gives this
-process (SK_ADAPTERS=vllm switches our adapter on in every engine process) or, for the user's candidate
+process (SK_ADAPTERS=vllm|sglang switches our adapter on in every engine process) or, for the user's candidate
 modules, through the candidate worker extension; both runs execute this same code with identical settings.
-Progress goes to stdout as lines starting with EVENT_PREFIX; everything else printed here (the engine's
-logs) goes to the parent's log file.
+Commands arrive on stdin as JSON lines; progress and results go to stdout as lines starting with EVENT_PREFIX;
+everything else printed here (the engine's logs) goes to the parent's log file. A paired eval keeps two such
+processes alive on one device and alternates their batches (sk.workflow.paired).
 """
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -25,6 +26,12 @@ from sk.workflow.workloads import Purpose, resolve
 EVENT_PREFIX = "@sk-event "
 CAPTURE_EXTENSION = "sk.workflow.capture_worker.OperatorCapture"
 CANDIDATE_EXTENSION = "sk.workflow.candidate_worker.CandidateLayers"
+PROFILE_EXTENSION = "sk.workflow.profile_worker.StepProfiler"
+# vLLM's and SGLang's own defaults for the device memory an engine may take.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_MEM_FRACTION_STATIC = 0.8
+# SGLang's schedulers write the profiler's trace after stop_profile returns.
+TRACE_WAIT_S = 120
 _DEVNULL = open(os.devnull, "w")
 
 
@@ -66,111 +73,269 @@ def truncated_model_args(scenario: Scenario, max_layers: int | None) -> dict:
     return {"model": scenario.checkpoint()}
 
 
-def start_engine(scenario: Scenario, job: dict):
-    from vllm import LLM
+def memory_args(scenario: Scenario, slot: int, engines: int) -> dict:
+    """The memory arguments of engine `slot` (0-based, in start order) of `engines` sharing one device.
 
-    args = {
-        **job["model_args"],  # resolved by the parent (sk.workflow.engine_runner)
-        "dtype": scenario.dtype,
-        "tensor_parallel_size": scenario.tp,
-        "kv_cache_dtype": scenario.kv_cache_dtype,
-        "seed": 0,
-        "enforce_eager": job["enforce_eager"] or job["capture"],  # captures read Python hooks: eager only
-        **scenario.engine_args,
-    }
-    for key in ("max_model_len", "kv_cache_memory_bytes"):
-        if getattr(scenario, key) is not None:
-            args[key] = getattr(scenario, key)
-    if job["capture"]:
-        args["worker_extension_cls"] = CAPTURE_EXTENSION
-    elif job["candidates"]:
-        args["worker_extension_cls"] = CANDIDATE_EXTENSION
-    return LLM(**args)
+    vLLM: gpu_memory_utilization is a per-engine budget, so each gets an equal share. SGLang: mem_fraction_static
+    is the share of the whole device in use once its pool is allocated, counting memory other engines hold, so
+    engine k of n gets the cumulative (k+1)/n of it and every engine ends up with the same pool. An explicit KV
+    cache size (vLLM's CPU engine) is the same for every engine.
+    """
+    if engines == 1 or scenario.kv_cache_memory_bytes is not None:
+        return {}
+    if scenario.engine == "vllm":
+        total = scenario.engine_args.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)
+        return {"gpu_memory_utilization": round(total / engines, 4)}
+    total = scenario.engine_args.get("mem_fraction_static", DEFAULT_MEM_FRACTION_STATIC)
+    return {"mem_fraction_static": round(total * (slot + 1) / engines, 4)}
 
 
-def generate(llm, requests: list[prompts.Request], progress: bool = False) -> list[list[int]]:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
+class VllmEngine:
+    def __init__(self, scenario: Scenario, job: dict):
+        from vllm import LLM
 
-    # Greedy with a fixed number of tokens per request: both engines do the same work, and any difference in
-    # the tokens is a difference in the numbers the kernels computed.
-    params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=r.prompt_token_ids) for r in requests], params,
-                           use_tqdm=_ProgressToParent if progress else False)
-    return [list(o.outputs[0].token_ids) for o in outputs]
+        args = {
+            **job["model_args"],  # resolved by the parent (sk.workflow.engine_runner)
+            "dtype": scenario.dtype,
+            "tensor_parallel_size": scenario.tp,
+            "kv_cache_dtype": scenario.kv_cache_dtype,
+            "seed": 0,
+            "enforce_eager": job["enforce_eager"] or job["mode"] == "capture",  # captures read Python hooks
+            **scenario.engine_args,
+            **memory_args(scenario, job["slot"], job["engines"]),
+        }
+        for key in ("max_model_len", "kv_cache_memory_bytes"):
+            if getattr(scenario, key) is not None:
+                args[key] = getattr(scenario, key)
+        extension = {"capture": CAPTURE_EXTENSION, "profile": PROFILE_EXTENSION}.get(job["mode"])
+        if job["candidates"]:
+            extension = CANDIDATE_EXTENSION
+        if extension:
+            args["worker_extension_cls"] = extension
+        self.llm = LLM(**args)
+
+    def tokenizer(self):
+        return self.llm.get_tokenizer()
+
+    def generate(self, requests: list[prompts.Request], progress: bool = False) -> list[list[int]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        # Greedy with a fixed number of tokens per request: both engines do the same work, and any difference in
+        # the tokens is a difference in the numbers the kernels computed.
+        params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r.prompt_token_ids) for r in requests], params,
+                                    use_tqdm=_ProgressToParent if progress else False)
+        return [list(o.outputs[0].token_ids) for o in outputs]
+
+    def rank0(self, method: str):
+        # Rank 0's answer: with tensor parallelism every rank runs the same operators on its shard.
+        return self.llm.collective_rpc(method)[0]
+
+    def capture_reset(self) -> None:
+        self.llm.collective_rpc("sk_capture_reset")
+
+    def capture_operators(self) -> list[dict]:
+        return self.rank0("sk_capture_operators")
+
+    def profile(self, run) -> dict:
+        self.llm.collective_rpc("sk_profile_start")
+        run()
+        return self.rank0("sk_profile_stop")
+
+    def candidates_replaced(self):
+        return self.rank0("sk_candidates_replaced")
+
+    def scheduler_reports(self) -> int:
+        return 0  # vLLM's workers keep their reports written themselves (sk.reports)
+
+    def environment(self) -> dict:
+        import torch
+        import vllm
+
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        return {"engine": "vllm", "vllm": vllm.__version__, "torch": torch.__version__,
+                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+                "architecture": hf_config.model_type, "num_hidden_layers": hf_config.num_hidden_layers}
+
+    def close(self) -> None:
+        del self.llm
 
 
-def run_throughput(llm, spec, max_requests: int | None) -> dict:
-    count = min(spec.num_requests, max_requests or spec.num_requests)
-    requests = prompts.throughput_requests(spec, count, llm.get_tokenizer())
-    emit("workload", total=count + 1)
-    generate(llm, requests[:1])  # warm-up: first-call costs stay out of the timing
-    emit("requests_done", n=1)
-    start = time.perf_counter()
-    tokens = generate(llm, requests, progress=True)
-    elapsed = time.perf_counter() - start
-    return {
-        "purpose": Purpose.THROUGHPUT.value,
-        "input_lens": [len(r.prompt_token_ids) for r in requests],
-        "output_lens": [len(t) for t in tokens],
-        "elapsed_s": elapsed,
-        "output_tokens_per_s": sum(len(t) for t in tokens) / elapsed,
-        "tokens": tokens,
-    }
+def sglang_engine_args(scenario: Scenario, job: dict) -> dict:
+    """sglang.Engine's arguments for a scenario row: the same settings as the vLLM row's, in SGLang's names."""
+    args = {"model_path": job["model_args"]["model"], "dtype": scenario.dtype, "tp_size": scenario.tp,
+            "kv_cache_dtype": scenario.kv_cache_dtype, "random_seed": 0, "sampling_backend": "pytorch",
+            # Captures read Python hooks: no CUDA graphs.
+            "disable_cuda_graph": job["enforce_eager"] or job["mode"] == "capture", **scenario.engine_args,
+            **memory_args(scenario, job["slot"], job["engines"])}
+    if "hf_overrides" in job["model_args"]:
+        args["json_model_override_args"] = json.dumps(job["model_args"]["hf_overrides"])
+        args["load_format"] = job["model_args"]["load_format"]
+    if scenario.max_model_len is not None:
+        args["context_length"] = scenario.max_model_len
+    return args
 
 
-def run_latency(llm, spec) -> dict:
-    requests = prompts.latency_requests(spec, llm.get_tokenizer())
-    emit("workload", total=spec.warmup + spec.iterations)
-    for _ in range(spec.warmup):
-        generate(llm, requests)
-        emit("requests_done", n=1)
-    times = []
-    for _ in range(spec.iterations):
+class SglangEngine:
+    """sglang.Engine; its layers run in scheduler processes, reached through Engine.get_server_info (each
+    scheduler's internal state: our adapter's report, sk.workflow.sglang_capture's record) and its profiler."""
+
+    def __init__(self, scenario: Scenario, job: dict):
+        import sglang
+
+        args = sglang_engine_args(scenario, job)
+        self.model_path = args["model_path"]
+        if job["mode"] == "profile":
+            import tempfile
+
+            self.profile_dir = tempfile.mkdtemp(prefix="sk-sglang-profile-")
+            # SGLang's own variable, read by its schedulers (spawned below) where start_profile names no folder.
+            os.environ["SGLANG_TORCH_PROFILER_DIR"] = self.profile_dir
+        self.engine = sglang.Engine(**args)
+
+    def tokenizer(self):
+        return self.engine.tokenizer_manager.tokenizer
+
+    def generate(self, requests: list[prompts.Request], progress: bool = False) -> list[list[int]]:
+        params = [{"temperature": 0.0, "max_new_tokens": r.max_tokens, "ignore_eos": True} for r in requests]
+        outputs = self.engine.generate(input_ids=[r.prompt_token_ids for r in requests], sampling_params=params)
+        if progress:
+            emit("requests_done", n=len(requests))
+        return [list(o["output_ids"]) for o in outputs]
+
+    def _states(self) -> list[dict]:
+        # Each scheduler's internal state; asking makes our adapter write each scheduler's report.
+        return self.engine.get_server_info()["internal_states"]
+
+    def capture_reset(self) -> None:
+        self._states()  # each ask hands over (and clears) the calls recorded since the last one
+
+    def capture_operators(self) -> list[dict]:
+        from sk.workflow.sglang_capture import STATE_KEY
+
+        return self._states()[0].get(STATE_KEY, [])
+
+    def profile(self, run) -> dict:
+        import glob
+
+        from sk.workflow.kernel_profile import load_trace, summarize_trace
+
+        seen = set(glob.glob(os.path.join(self.profile_dir, "**", "*.trace.json*"), recursive=True))
+        try:
+            self.engine.start_profile(output_dir=self.profile_dir, activities=["GPU"])
+        except TypeError:  # an SGLang whose start_profile takes no options: SGLANG_TORCH_PROFILER_DIR (set at start)
+            self.engine.start_profile()
+        steps = run()
+        self.engine.stop_profile()
+        deadline = time.monotonic() + TRACE_WAIT_S
+        while not (traces := sorted(set(glob.glob(os.path.join(self.profile_dir, "**", "*TP-0*.trace.json*"),
+                                                  recursive=True)) - seen)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"SGLang's profiler wrote no trace of TP rank 0 in {self.profile_dir} within "
+                                   f"{TRACE_WAIT_S} s")
+            time.sleep(1)
+        time.sleep(2)  # the scheduler may still be writing the file it just created
+        return summarize_trace(load_trace(traces[0]), steps=steps, device="cuda")
+
+    def candidates_replaced(self):
+        return None
+
+    def scheduler_reports(self) -> int:
+        return sum("standardkernels" in state for state in self._states())
+
+    def environment(self) -> dict:
+        import sglang
+        import torch
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(self.model_path)
+        return {"engine": "sglang", "sglang": sglang.__version__, "torch": torch.__version__,
+                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+                "architecture": config.model_type, "num_hidden_layers": config.num_hidden_layers}
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        if hasattr(self, "profile_dir"):
+            import shutil
+
+            shutil.rmtree(self.profile_dir, ignore_errors=True)
+
+
+ENGINES = {"vllm": VllmEngine, "sglang": SglangEngine}
+
+
+def workload_requests(engine, token: str, max_requests: int | None) -> list[prompts.Request]:
+    spec = resolve(token).spec
+    if spec.purpose is Purpose.THROUGHPUT:
+        count = min(spec.num_requests, max_requests or spec.num_requests)
+        return prompts.throughput_requests(spec, count, engine.tokenizer())
+    return prompts.latency_requests(spec, engine.tokenizer())
+
+
+class Server:
+    """The commands the parent sends, one method each; each returns the JSON-able result."""
+
+    def __init__(self, engine, job: dict):
+        self.engine, self.job, self._requests = engine, job, {}
+
+    def requests(self, token: str) -> list[prompts.Request]:
+        if token not in self._requests:
+            self._requests[token] = workload_requests(self.engine, token, self.job["max_requests"])
+        return self._requests[token]
+
+    def match(self, workload: str) -> dict:
+        """Greedy tokens of the workload's requests, apart from the timed batches."""
+        requests = self.requests(workload)
+        tokens = self.engine.generate(requests, progress=True)
+        return {"input_lens": [len(r.prompt_token_ids) for r in requests], "tokens": tokens}
+
+    def batch(self, workload: str) -> dict:
+        """One timed batch of the workload's requests."""
+        requests = self.requests(workload)
         start = time.perf_counter()
-        tokens = generate(llm, requests)
-        times.append(time.perf_counter() - start)
-        emit("requests_done", n=1)
-    return {
-        "purpose": Purpose.LATENCY.value,
-        "batch_size": spec.batch_size,
-        "input_len": spec.input_len,
-        "output_len": spec.output_len,
-        "iterations": spec.iterations,
-        "times_s": times,
-        "median_s": statistics.median(times),
-        "tokens": tokens,
-    }
+        tokens = self.engine.generate(requests, progress=True)
+        return {"elapsed_s": time.perf_counter() - start, "output_tokens": sum(len(t) for t in tokens)}
+
+    def capture_reset(self) -> None:
+        self.engine.capture_reset()
+
+    def capture(self) -> list[dict]:
+        return self.engine.capture_operators()
+
+    def profile(self, workload: str) -> dict:
+        requests = self.requests(workload)
+        # The engine's own step count where it has one (vLLM's worker); else a fixed batch's, one step per
+        # generated token (a throughput batch's is unknown).
+        steps = requests[0].max_tokens if resolve(workload).spec.purpose is Purpose.LATENCY else None
+
+        def run():
+            self.engine.generate(requests)
+            return steps
+
+        return self.engine.profile(run)
+
+    def info(self) -> dict:
+        return {"environment": self.engine.environment(),
+                "candidates_replaced": self.engine.candidates_replaced() if self.job["candidates"] else None,
+                "scheduler_reports": self.engine.scheduler_reports()}
 
 
 def main(job_path: str) -> None:
-    import torch
-    import vllm
-
     job = json.loads(open(job_path).read())
     scenario = Scenario.model_validate(job["scenario"])
-    llm = start_engine(scenario, job)
+    engine = ENGINES[scenario.engine](scenario, job)
+    server = Server(engine, job)
     emit("engine_ready")
-    results = {}
-    for token in scenario.workloads:
-        spec = resolve(token).spec
-        if job["capture"]:
-            llm.collective_rpc("sk_capture_reset")  # drop the engine's start-up profiling runs
-        if spec.purpose is Purpose.THROUGHPUT:
-            results[token] = run_throughput(llm, spec, job["max_requests"])
-        else:
-            results[token] = run_latency(llm, spec)
-        if job["capture"]:
-            # Rank 0's record: with tensor parallelism every rank runs the same operators on its shard.
-            results[token]["operators"] = llm.collective_rpc("sk_capture_operators")[0]
-    hf_config = llm.llm_engine.model_config.hf_config
-    environment = {"vllm": vllm.__version__, "torch": torch.__version__,
-                   "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-                   "architecture": hf_config.model_type, "num_hidden_layers": hf_config.num_hidden_layers}
-    replaced = llm.collective_rpc("sk_candidates_replaced")[0] if job["candidates"] else None
-    with open(job["out"], "w") as f:
-        json.dump({"environment": environment, "workloads": results, "candidates_replaced": replaced}, f)
+    for line in sys.stdin:
+        command = json.loads(line)
+        name = command.pop("command")
+        if name == "exit":
+            break
+        emit("result", value=getattr(server, name)(**command))
+    engine.close()
+    emit("closed")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the engines spawn their workers: the module must be importable without side effects
     main(sys.argv[1])

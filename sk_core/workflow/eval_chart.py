@@ -1,4 +1,5 @@
-"""The PNG beside `sk eval`'s JSON: baseline vs candidate per workload, throughput and latency side by side."""
+"""The PNG beside `sk eval`'s JSON: baseline vs candidate per workload (medians over the paired rounds, the
+ratio's 95% interval under each pair), throughput and latency side by side."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,7 +24,8 @@ def write_chart(document: dict, path: Path) -> Path | None:
         xs = range(len(selected))
         ax.bar([x - 0.2 for x in xs], [r[base_key] for _, r in selected], 0.4, label="baseline (stock)")
         ax.bar([x + 0.2 for x in xs], [r[cand_key] for _, r in selected], 0.4, label="candidate (standardkernels)")
-        labels = [f"{model}\n{r['name']}\n{r['matches']}/{r['sequences']} match" for model, r in selected]
+        labels = [f"{model}\n{r['name']}\n{r['speedup']:.2f}x [{r['interval'][0]:.2f}, {r['interval'][1]:.2f}]\n"
+                  f"{r['matches']}/{r['sequences']} match" for model, r in selected]
         ax.set_xticks(list(xs), labels, fontsize=8)
         ax.set_ylabel(ylabel)
         ax.set_title(purpose)

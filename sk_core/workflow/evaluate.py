@@ -1,10 +1,14 @@
-"""`sk eval`: each scenario's workloads in the stock engine (baseline) and with our kernels (candidate).
+"""`sk eval`: each scenario's workloads in the stock engine (baseline) and with our kernels (candidate), paired.
 
-The two runs are separate processes with identical settings; only the candidate's switch differs:
-SK_ADAPTERS=vllm (our adapter replaces vLLM's layers in every engine process), or with `--candidates DIR` the
-user's candidate modules (sk.workflow.candidate_worker replaces the layers they are named after). Greedy
-decoding with a fixed number of tokens per request makes the token comparison exact: MATCH counts sequences
-whose token ids agree entirely, and correctness is PASS only when every sequence of every workload agrees.
+The two engines are separate processes with identical settings, alive side by side on one device with half of
+its memory each; only the candidate's switch differs: SK_ADAPTERS=vllm|sglang (our adapter replaces the
+engine's layers in every engine process), or with `--candidates DIR` the user's candidate modules
+(sk.workflow.candidate_worker replaces the layers they are named after); `--self-test` runs the stock engine
+as both. Per workload, after a warm-up batch each, the timed batches alternate A B B A ... over `rounds`
+rounds, and sk.workflow.paired turns them into a median ratio with its 95% bootstrap interval and a verdict.
+Greedy decoding with a fixed number of tokens per request makes the token comparison exact: MATCH (a separate
+untimed batch) counts sequences whose token ids agree entirely, and correctness is PASS only when every
+sequence of every workload agrees.
 """
 from __future__ import annotations
 
@@ -19,16 +23,15 @@ from rich.table import Table
 
 from sk import settings
 from sk.reports import merge_reports, model_process_reports, read_reports
-from sk.workflow import scenarios
+from sk.workflow import paired, scenarios
 from sk.workflow.candidates import candidate_path, load_candidate
-from sk.workflow.engine_runner import progress_bars, run_engine_job
+from sk.workflow.engine_runner import EngineProcess, progress_bars
 from sk.workflow.errors import WorkflowError
 from sk.workflow.eval_chart import write_chart
 from sk.workflow.operators import OPERATORS
 from sk.workflow.workloads import Purpose, resolve
 
-SCHEMA = "standardkernels.eval/1"
-CANDIDATE_ENV = {settings.env_name("adapters"): "vllm"}
+SCHEMA = "standardkernels.eval/2"
 
 
 def first_divergence(baseline: list[list[int]], candidate: list[list[int]]) -> dict | None:
@@ -42,25 +45,31 @@ def first_divergence(baseline: list[list[int]], candidate: list[list[int]]) -> d
     return None
 
 
-def compare_workload(token: str, baseline: dict, candidate: dict) -> dict:
+def compare_workload(token: str, baseline: dict, candidate: dict, timings: dict[str, list[dict]]) -> dict:
+    """One row: MATCH of the greedy runs (`baseline`/`candidate`: {"tokens", "input_lens"}) and the paired
+    statistics of the timed batches (`timings[variant]`: {"elapsed_s", "output_tokens"} per round)."""
+    spec = resolve(token).spec
     matches = sum(b == c for b, c in zip(baseline["tokens"], candidate["tokens"]))
-    row = {"workload": token, "name": resolve(token).value, "purpose": baseline["purpose"],
+    row = {"workload": token, "name": resolve(token).value, "purpose": spec.purpose.value,
            "sequences": len(baseline["tokens"]), "matches": matches,
-           "divergence": first_divergence(baseline["tokens"], candidate["tokens"])}
-    if baseline["purpose"] == Purpose.THROUGHPUT.value:
-        row.update(input_lens=baseline["input_lens"], output_lens=baseline["output_lens"],
-                   baseline_tok_s=baseline["output_tokens_per_s"], candidate_tok_s=candidate["output_tokens_per_s"],
-                   speedup=candidate["output_tokens_per_s"] / baseline["output_tokens_per_s"])
+           "divergence": first_divergence(baseline["tokens"], candidate["tokens"]),
+           **paired.summarize([t["elapsed_s"] for t in timings[paired.BASELINE]],
+                              [t["elapsed_s"] for t in timings[paired.CANDIDATE]]),
+           "timings": timings}
+    if spec.purpose is Purpose.THROUGHPUT:
+        output_tokens = timings[paired.BASELINE][0]["output_tokens"]
+        row.update(input_lens=baseline["input_lens"], output_lens=[len(t) for t in baseline["tokens"]],
+                   baseline_tok_s=output_tokens / row["baseline_median_s"],
+                   candidate_tok_s=output_tokens / row["candidate_median_s"])
     else:
-        row.update(batch_size=baseline["batch_size"], output_len=baseline["output_len"],
-                   iterations=baseline["iterations"], baseline_median_s=baseline["median_s"],
-                   candidate_median_s=candidate["median_s"], speedup=baseline["median_s"] / candidate["median_s"])
+        row.update(batch_size=spec.batch_size, output_len=spec.output_len)
     return row
 
 
-def adapter_summary(report_dir: Path) -> dict:
-    """What our adapter did in the candidate's worker processes: replaced layers, kernel calls, fallbacks."""
-    workers = model_process_reports(read_reports(report_dir, "vllm"))
+def adapter_summary(report_dir: Path, engine: str) -> dict:
+    """What our adapter did in the candidate's model processes (vLLM workers, SGLang schedulers): replaced
+    layers, kernel calls, fallbacks."""
+    workers = model_process_reports(read_reports(report_dir, engine))
     if not workers:
         return {"workers": 0}
     merged = merge_reports(workers)
@@ -76,27 +85,42 @@ def _lengths(values: list[int]) -> str:
     return str(values[0]) if len(set(values)) == 1 else "var"
 
 
+def _interval(r: dict) -> str:
+    low, high = r["interval"]
+    return f"[{low:.2f}, {high:.2f}] ±{r['interval_half_width'] * 100:.1f}%"
+
+
+def _spread(r: dict) -> str:
+    return f"{r['spread'][0]:.2f}-{r['spread'][1]:.2f}"
+
+
+_PAIRED_COLUMNS = ("SPEEDUP", "95% CI", "SPREAD", "VERDICT", "MATCH")
+
+
+def _paired_cells(r: dict) -> list[str]:
+    verdict = r["verdict"] if r["verdict"] == paired.WITHIN_NOISE else f"[bold]{r['verdict']}"
+    return [f"{r['speedup']:.2f}x", _interval(r), _spread(r), verdict, f"{r['matches']}/{r['sequences']}"]
+
+
 def throughput_table(scenario: scenarios.Scenario, rows: list[dict], verdict: str) -> Table:
     table = Table(title=f"THROUGHPUT SUMMARY   {scenario.label}   correctness: {verdict}", title_justify="left")
-    for column in ("SCENARIO", "SEQS", "IN", "OUT", "BASELINE tok/s", "CANDIDATE tok/s", "SPEEDUP", "MATCH"):
+    for column in ("SCENARIO", "SEQS", "IN", "OUT", "ROUNDS", "BASELINE tok/s", "CANDIDATE tok/s", *_PAIRED_COLUMNS):
         table.add_column(column, justify="left" if column == "SCENARIO" else "right")
     for r in rows:
         out = _lengths(r["output_lens"])
         table.add_row(r["name"], str(r["sequences"]), _lengths(r["input_lens"]),
-                      out if out != "var" else f"{statistics.mean(r['output_lens']):.0f}",
-                      f"{r['baseline_tok_s']:,.0f}", f"{r['candidate_tok_s']:,.0f}", f"{r['speedup']:.2f}x",
-                      f"{r['matches']}/{r['sequences']}")
+                      out if out != "var" else f"{statistics.mean(r['output_lens']):.0f}", str(r["rounds"]),
+                      f"{r['baseline_tok_s']:,.0f}", f"{r['candidate_tok_s']:,.0f}", *_paired_cells(r))
     return table
 
 
 def latency_table(scenario: scenarios.Scenario, rows: list[dict]) -> Table:
     table = Table(title=f"LATENCY SUMMARY   {scenario.label}", title_justify="left")
-    for column in ("SCENARIO", "BS", "OUT", "ITERS", "BASELINE med", "CANDIDATE med", "SPEEDUP", "MATCH"):
+    for column in ("SCENARIO", "BS", "OUT", "ROUNDS", "BASELINE med", "CANDIDATE med", *_PAIRED_COLUMNS):
         table.add_column(column, justify="left" if column == "SCENARIO" else "right")
     for r in rows:
-        table.add_row(r["name"], str(r["batch_size"]), str(r["output_len"]), str(r["iterations"]),
-                      f"{r['baseline_median_s']:.4f}s", f"{r['candidate_median_s']:.4f}s", f"{r['speedup']:.2f}x",
-                      f"{r['matches']}/{r['sequences']}")
+        table.add_row(r["name"], str(r["batch_size"]), str(r["output_len"]), str(r["rounds"]),
+                      f"{r['baseline_median_s']:.4f}s", f"{r['candidate_median_s']:.4f}s", *_paired_cells(r))
     return table
 
 
@@ -113,7 +137,9 @@ def print_scenario(console: Console, result: dict) -> None:
             console.print(f"[red]{r['name']}: first divergence at sequence {d['sequence']}, output position "
                           f"{d['position']} (baseline token {d['baseline_token']}, candidate {d['candidate_token']})")
     adapter = result["adapter"]
-    if result["candidates_replaced"] is not None:
+    if result.get("self_test"):
+        console.print("self-test: the candidate is the stock engine too; every interval should contain 1.00")
+    elif result["candidates_replaced"] is not None:
         replaced = result["candidates_replaced"]
         console.print("candidate worker: " + (", ".join(f"{cls} <- {path}" for cls, path in replaced.items())
                                               or "[red]no layer replaced"))
@@ -126,11 +152,13 @@ def print_scenario(console: Console, result: dict) -> None:
         console.print(f"candidate worker: replaced {', '.join(adapter['replaced'])}; Triton kernel calls {calls or 0}; "
                       f"PyTorch-reference calls {fallbacks or 0}" + (f" ({'; '.join(reasons)})" if reasons else ""))
     env = result["environment"]
-    console.print(f"[dim]vLLM {env['vllm']}, torch {env['torch']}, {env['device']}; "
-                  f"{'eager' if result['settings']['enforce_eager'] else 'engine default compilation'}")
+    engine = f"SGLang {env['sglang']}" if env.get("engine") == "sglang" else f"vLLM {env['vllm']}"
+    console.print(f"[dim]{engine}, torch {env['torch']}, {env['device']}; "
+                  f"{'eager' if result['settings']['enforce_eager'] else 'engine default compilation'}; "
+                  f"paired A/B, order {result['settings'].get('order', 'ABBA')}, 95% bootstrap intervals over rounds")
     if env["device"] == "cpu":
-        console.print("[yellow]CPU engine: tok/s and latencies are CPU timings of a small model (and noisy on a "
-                      "shared machine); the MATCH columns are what this run proves.")
+        console.print("[yellow]CPU engine: tok/s, latencies and intervals are CPU timings of a small model (and "
+                      "noisy on a shared machine); the MATCH columns are what this run proves.")
 
 
 def check_candidates(directory: Path) -> None:
@@ -142,37 +170,89 @@ def check_candidates(directory: Path) -> None:
         load_candidate(op, directory)
 
 
+def check_self_test(self_test: bool, candidates: Path | None) -> None:
+    if self_test and candidates is not None:
+        raise WorkflowError(f"--self-test runs the stock engine against itself and takes no candidate folder; "
+                            f"got --candidates {candidates} (drop one of the two)")
+
+
+def evaluate_scenario(scenario: scenarios.Scenario, *, out_dir: Path, stem: str, rounds: int, self_test: bool,
+                      candidates: Path | None, run_settings: dict) -> dict:
+    """Both engines side by side, MATCH then the paired timed rounds per workload; the scenario's result."""
+    order = paired.pairing_order(rounds)
+    with progress_bars() as progress, tempfile.TemporaryDirectory(prefix="sk-eval-reports-") as reports:
+        candidate_env = {} if candidates or self_test else {settings.env_name("adapters"): scenario.engine,
+                                                            settings.env_name("report_dir"): reports}
+        variants = ((paired.BASELINE, {}, None), (paired.CANDIDATE, candidate_env, candidates))
+        engines: dict[str, EngineProcess] = {}
+        try:
+            # One after the other where each engine sizes its memory from what is free once the previous one is
+            # up; together where the KV cache size is explicit (vLLM's CPU engine).
+            together = scenario.kv_cache_memory_bytes is not None
+            for slot, (variant, env, folder) in enumerate(variants):
+                engines[variant] = EngineProcess(
+                    scenario, label=f"{variant} {scenario.model}", env=env, progress=progress, candidates=folder,
+                    log_path=out_dir / "logs" / f"{stem}.{scenario.slug}.{variant}.log", slot=slot, engines=2,
+                    **run_settings)
+                if not together:
+                    engines[variant].wait_ready()
+            if together:
+                for engine in engines.values():
+                    engine.wait_ready()
+            rows = []
+            for token in scenario.workloads:
+                spec = resolve(token).spec
+                greedy = {v: e.call("match", description=f"{token} MATCH", workload=token)
+                          for v, e in engines.items()}
+                for variant, engine in engines.items():  # warm-up: first-call costs stay out of the timing
+                    for _ in range(getattr(spec, "warmup", 1)):
+                        engine.call("batch", description=f"{token} warm-up", workload=token)
+                timings: dict[str, list[dict]] = {v: [] for v in engines}
+                for r, pair in enumerate(order):
+                    for variant in pair:
+                        timings[variant].append(engines[variant].call(
+                            "batch", description=f"{token} round {r + 1}/{rounds}", workload=token))
+                rows.append(compare_workload(token, greedy[paired.BASELINE], greedy[paired.CANDIDATE], timings))
+            info = {v: e.call("info") for v, e in engines.items()}
+        finally:
+            for engine in engines.values():
+                engine.close()
+        adapter = adapter_summary(Path(reports), scenario.engine)
+    passed = all(r["matches"] == r["sequences"] for r in rows)
+    return {"scenario": scenario.model_dump(), "correctness": "PASS" if passed else "FAIL", "rows": rows,
+            "adapter": adapter, "self_test": self_test,
+            "candidates_replaced": info[paired.CANDIDATE]["candidates_replaced"],
+            "environment": info[paired.BASELINE]["environment"], "settings": run_settings | {
+                "rounds": rounds, "order": "".join("AB" if p[0] == paired.BASELINE else "BA" for p in order)}}
+
+
 def run(scenario_file: str, out_dir: Path, *, enforce_eager: bool, max_layers: int | None,
-        max_requests: int | None, candidates: Path | None, console: Console) -> bool:
-    """Evaluate every scenario of the file, print the summaries, write JSON + PNG; True when all tokens match."""
+        max_requests: int | None, candidates: Path | None, console: Console, rounds: int = paired.DEFAULT_ROUNDS,
+        self_test: bool = False, workloads: list[str] | None = None) -> bool:
+    """Evaluate every scenario of the file, print the summaries, write JSON + PNG; True when all tokens match.
+    `workloads`: tokens that replace every row's own."""
+    check_self_test(self_test, candidates)
     run_settings = {"enforce_eager": enforce_eager, "max_layers": max_layers, "max_requests": max_requests}
-    loaded = scenarios.load(scenario_file, engines=("vllm",))
+    loaded = scenarios.with_workloads(scenarios.load(scenario_file), workloads)
+    scenarios.check_fits(loaded, 2, scenario_file)
     if candidates is not None:
+        if any(s.engine != "vllm" for s in loaded):
+            raise WorkflowError("--candidates runs candidate modules in vLLM only; the scenario file has "
+                                f"{', '.join(sorted({s.engine for s in loaded} - {'vllm'}))} rows")
         check_candidates(candidates)
     results = []
     stem = Path(scenario_file).stem
     for scenario in loaded:
-        runs = {}
-        with progress_bars() as progress, tempfile.TemporaryDirectory(prefix="sk-eval-reports-") as reports:
-            candidate_env = {} if candidates else CANDIDATE_ENV | {settings.env_name("report_dir"): reports}
-            for variant, env, folder in (("baseline", {}, None), ("candidate", candidate_env, candidates)):
-                runs[variant] = run_engine_job(
-                    scenario, label=f"{variant} {scenario.model}", env=env, progress=progress, candidates=folder,
-                    log_path=out_dir / "logs" / f"{stem}.{scenario.slug}.{variant}.log", **run_settings)
-            adapter = adapter_summary(Path(reports))
-        rows = [compare_workload(token, runs["baseline"]["workloads"][token], runs["candidate"]["workloads"][token])
-                for token in scenario.workloads]
-        passed = all(r["matches"] == r["sequences"] for r in rows)
-        result = {"scenario": scenario.model_dump(), "correctness": "PASS" if passed else "FAIL", "rows": rows,
-                  "adapter": adapter, "candidates_replaced": runs["candidate"]["candidates_replaced"],
-                  "environment": runs["baseline"]["environment"], "settings": run_settings}
+        result = evaluate_scenario(scenario, out_dir=out_dir, stem=stem, rounds=rounds, self_test=self_test,
+                                   candidates=candidates, run_settings=run_settings)
         print_scenario(console, result)
         results.append(result)
     out_dir.mkdir(parents=True, exist_ok=True)
+    candidate = ("the stock engine (self-test)" if self_test else
+                 f"candidate modules in {candidates}" if candidates else "standardkernels adapter")
     document = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "scenario_file": str(scenario_file), "settings": run_settings,
-                "candidate": f"candidate modules in {candidates}" if candidates else "standardkernels vLLM adapter",
-                "scenarios": results}
+                "scenario_file": str(scenario_file), "settings": run_settings | {"rounds": rounds},
+                "candidate": candidate, "scenarios": results}
     json_path = out_dir / f"{stem}.json"
     json_path.write_text(json.dumps(document, indent=1) + "\n")
     chart = write_chart(document, out_dir / f"{stem}.png")

@@ -1,6 +1,8 @@
 """The operator catalog: vLLM's replaceable operators (by the op name vLLM registers them under, which is
 what `sk capture` records and `sk bench --target` takes), which Standard Kernels op covers each, the baseline
-module a candidate must match, and which operators each architecture uses.
+module a candidate must match, and which operators each architecture uses: read from the installed vLLM's own
+model class (sk.workflow.engine_map) for any architecture it registers, or, where vLLM is not installed, from
+the built-in list below.
 """
 from __future__ import annotations
 
@@ -67,7 +69,24 @@ def operator(name: str) -> Operator:
     return OPERATORS[name]
 
 
+def operators_of_layers(layers: list[dict]) -> list[Operator]:
+    """The catalog's operator for each distinct op of an engine model's layers (sk.workflow.engine_map); an op
+    the catalog lacks becomes an uncovered operator named as the engine names it, with its classes."""
+    classes: dict[str, list[str]] = {}
+    for layer in layers:
+        classes.setdefault(layer["op"], []).append(layer["class"])
+    return [OPERATORS.get(op) or Operator(op, ", ".join(names)) for op, names in classes.items()]
+
+
 def architecture(name: str) -> list[Operator]:
+    """The operators architecture `name` runs in the installed vLLM (the built-in list without vLLM)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        from sk.workflow.engine_map import architecture_layers
+
+        return operators_of_layers(list(architecture_layers(name)[2]))
     if name not in ARCHITECTURES:
-        raise WorkflowError(f"unknown architecture {name!r}; known: {', '.join(ARCHITECTURES)}")
+        raise WorkflowError(f"unknown architecture {name!r}; vLLM is not installed here, and the built-in list "
+                            f"knows: {', '.join(ARCHITECTURES)}")
     return [OPERATORS[op] for op in ARCHITECTURES[name]]

@@ -13,7 +13,7 @@ SGLang rows. Loading validates everything a run would
 otherwise trip over later (unknown workload, missing model, bad dtype, unknown keys) and names the file,
 the row and the field.
 
-The project's own models, named by token (style: llama or gemma):
+The project's own models, named by token (style: llama or gemma; sk-tiny also qwen3):
   sk-trained/<style>  the trained models committed in models/trained/<style> (sk.models.trained): peaked logits,
                       so token MATCH between stock and our kernels says something; fixed sizes
   sk-tiny/<style>     random weights of any size (model_spec: sk.models.TinyModelSpec fields), written on first
@@ -39,9 +39,9 @@ TINY_PREFIX = "sk-tiny/"
 
 def check_model(model: str) -> None:
     """ValueError unless `model` names a known project model, an existing local directory, or a hub id."""
-    from sk.models import STYLES, trained_model
+    from sk.models import STYLES, TRAINED_STYLES, trained_model
 
-    project_models = [prefix + style for prefix in (TRAINED_PREFIX, TINY_PREFIX) for style in STYLES]
+    project_models = [TRAINED_PREFIX + style for style in TRAINED_STYLES] + [TINY_PREFIX + s for s in STYLES]
     if model.startswith((TRAINED_PREFIX, TINY_PREFIX)) and model not in project_models:
         raise ValueError(f"unknown project model {model!r}; known: {', '.join(project_models)}")
     if model.startswith(TRAINED_PREFIX):
@@ -93,6 +93,9 @@ class Scenario(BaseModel):
     kv_cache_memory_bytes: int | None = Field(None, ge=1 << 20)
     # Passed through to the engine's constructor as they are (e.g. gpu_memory_utilization).
     engine_args: dict[str, Any] = {}
+    # The device's memory (GiB, e.g. 139 for an H200): with it, a row that cannot fit is refused before any
+    # engine starts (check_fits).
+    device_memory_gib: float | None = Field(None, gt=0)
     workloads: list[str] = Field(min_length=1)
 
     @field_validator("model")
@@ -155,6 +158,59 @@ class Scenario(BaseModel):
 
     def workload_members(self) -> list[Workload]:
         return [resolve(token) for token in self.workloads]
+
+
+def with_workloads(loaded: list[Scenario], tokens: list[str] | None) -> list[Scenario]:
+    """The rows with `tokens` (a command's --workloads) instead of their own workloads; WorkflowError for an
+    unknown one."""
+    if not tokens:
+        return loaded
+    for token in tokens:
+        resolve(token)
+    return [s.model_copy(update={"workloads": list(tokens)}) for s in loaded]
+
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Activations, CUDA graphs, sampler and allocator workspace of one engine, beyond weights and KV cache.
+ENGINE_OVERHEAD_GIB = 2.0
+DEFAULT_CONTEXT = 4096  # the sk-tiny models' max_position_embeddings
+
+
+def memory_need_gib(scenario: Scenario) -> dict[str, float] | None:
+    """An sk-tiny row's memory per engine: weights, the KV cache of one max_model_len sequence, overhead (GiB);
+    None for other models (their sizes are not known before loading)."""
+    if not scenario.model.startswith(TINY_PREFIX):
+        return None
+    from sk.models import parameter_count
+
+    spec = scenario.tiny_model_spec()
+    dtype = _DTYPE_BYTES[scenario.dtype]
+    kv_dtype = 1 if scenario.kv_cache_dtype.startswith("fp8") else dtype
+    tokens = scenario.max_model_len or DEFAULT_CONTEXT
+    kv = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * kv_dtype * tokens
+    gib = 1 << 30
+    return {"weights": parameter_count(spec) * dtype / gib / scenario.tp, "kv_one_sequence": kv / gib / scenario.tp,
+            "overhead": ENGINE_OVERHEAD_GIB}
+
+
+def check_fits(scenarios: list[Scenario], engines: int, path: str | Path) -> None:
+    """A WorkflowError for the first row with device_memory_gib that cannot hold `engines` engines: each gets
+    its share of the engine's memory fraction (vLLM gpu_memory_utilization, SGLang mem_fraction_static)."""
+    for row, scenario in enumerate(scenarios):
+        need = memory_need_gib(scenario)
+        if scenario.device_memory_gib is None or need is None:
+            continue
+        key, default = (("gpu_memory_utilization", 0.9) if scenario.engine == "vllm"
+                        else ("mem_fraction_static", 0.8))
+        fraction = scenario.engine_args.get(key, default)
+        budget = scenario.device_memory_gib * fraction / engines
+        if sum(need.values()) > budget:
+            parts = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in need.items())
+            raise WorkflowError(
+                f"{path}: scenarios.{row} ({scenario.label}) does not fit the device: it needs "
+                f"{sum(need.values()):.1f} GiB per engine ({parts}), and {engines} engine(s) on "
+                f"{scenario.device_memory_gib:g} GiB at {key} {fraction:g} get {budget:.1f} GiB each; use a "
+                f"smaller model_spec or max_model_len, a larger {key}, or tp > 1")
 
 
 class ScenarioFile(BaseModel):

@@ -39,6 +39,13 @@ class LLM(Workload):
     decode_heavy = "decode-heavy"
     single_request = "single-request"
     fixed_batch_32 = "fixed-batch-32"
+    # As the engines' own benchmarks: vLLM's benchmark_throughput / SGLang's bench_offline_throughput with fixed
+    # lengths, and their latency benchmarks at a fixed batch.
+    throughput = "throughput"
+    decode_batch_1 = "decode-batch-1"
+    decode_batch_8 = "decode-batch-8"
+    decode_batch_32 = "decode-batch-32"
+    decode_batch_64 = "decode-batch-64"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,10 +91,14 @@ LLM_THROUGHPUT_WORKLOADS: list[ThroughputWorkload] = [
                        output_len=(128, 128), decode_cap=128),
     ThroughputWorkload("decode-heavy", num_requests=64, dataset="synthetic-chat", input_len=(16, 64),
                        output_len=(256, 512), decode_cap=512),
+    # 128 requests keep a full-depth 8B batch at seconds on an H200, so that paired rounds fit one device command.
+    ThroughputWorkload("throughput", num_requests=128, dataset="random-tokens", input_len=(1024, 1024),
+                       output_len=(128, 128), decode_cap=128),
 ]
 LLM_LATENCY_WORKLOADS: list[LatencyWorkload] = [
     LatencyWorkload("single-request", batch_size=1, input_len=128, output_len=128),
     LatencyWorkload("fixed-batch-32", batch_size=32, input_len=128, output_len=128),
+    *[LatencyWorkload(f"decode-batch-{b}", batch_size=b, input_len=32, output_len=128) for b in (1, 8, 32, 64)],
 ]
 
 # Family -> its specs. A new family adds its enum and its lists here.

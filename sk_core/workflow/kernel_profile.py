@@ -1,0 +1,110 @@
+"""Where a step's time goes: device kernels from a torch profiler trace, classified by name, summed per class.
+
+Pure functions on the trace's JSON (Chrome trace format, as `torch.profiler.profile.export_chrome_trace` and
+SGLang's profiler write it): `classify(name)` puts a kernel in one of CLASSES by its name, `summarize_trace`
+sums device time per class, the idle gaps between kernels, and kernels per engine step. On a GPU the events
+are the device's kernels (category "kernel"); on a CPU engine they are the CPU ops (category "cpu_op"), each
+counted for its exclusive time, labelled as CPU.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+CLASSES = ("gemm", "attention", "norm", "activation", "rotary/kv-cache", "sampling", "other")
+
+# (class, name fragments), first match wins. The order settles names with two fragments: FlashInfer's norm,
+# sampling and rotary kernels say "flashinfer"; FlashAttention-3's say "cutlass"; CUTLASS GEMMs with a fused
+# epilogue say "relu"; Inductor's fused kernels say what they fuse ("triton_red_fused_..._rsqrt" is a norm).
+_RULES: list[tuple[str, tuple[str, ...]]] = [
+    ("rotary/kv-cache", ("rotary", "rope", "reshape_and_cache", "concat_and_cache", "cache_kernel", "store_kv",
+                         "set_kv_buffer", "kv_cache_update", "copy_blocks", "swap_blocks")),
+    ("norm", ("rms_norm", "rmsnorm", "layernorm", "layer_norm", "norm_kernel", "ln_stats", "rsqrt", "batch_norm",
+              "group_norm")),
+    ("sampling", ("sampling", "sampler", "gumbel", "multinomial", "top_k", "topk", "top_p", "topp", "min_p",
+                  "penalt")),
+    ("attention", ("flash::", "flash_fwd", "flash_bwd", "flashattn", "fmha", "attn", "attention", "paged", "mla_",
+                   "merge_state", "xformers", "sdpa", "prefill", "withkvcache", "cascade", "_fwd_kernel")),
+    ("gemm", ("gemm", "gemv", "matmul", "cutlass", "xmma", "nvjet", "cublas", "wgmma", "sm90_", "sm80_",
+              "sm100_", "ampere_", "hopper", "splitk", "aten::mm", "aten::addmm", "aten::bmm", "aten::linear",
+              "onednn", "dnnl", "mkl", "brgemm", "triton_tem_", "_mm_", "gate_up_kernel", "down_kernel")),
+    ("activation", ("act_and_mul", "silu", "gelu", "swiglu", "geglu", "activation", "relu", "sigmoid", "tanh")),
+    ("sampling", ("softmax", "argmax", "argsort", "radixsort", "sort", "cumsum", "exponential")),
+]
+
+
+def classify(name: str) -> str:
+    """The class of a kernel (or, on CPU, an op) from its name; "other" when no rule matches."""
+    lowered = name.lower()
+    for cls, fragments in _RULES:
+        if any(f in lowered for f in fragments):
+            return cls
+    return "other"
+
+
+def load_trace(path: str | Path) -> dict:
+    """A Chrome trace file (.json or .json.gz)."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def _events(trace: dict | list) -> list[dict]:
+    return trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+
+
+def device_events(trace: dict | list) -> tuple[str, list[dict]]:
+    """("cuda", the GPU kernels) when the trace has any, else ("cpu", every CPU op with its exclusive time,
+    "self": its duration less its children's on the same thread, so that nested ops are not counted twice)."""
+    complete = [e for e in _events(trace) if e.get("ph") == "X" and "dur" in e]
+    kernels = [e for e in complete if e.get("cat") == "kernel"]
+    if kernels:
+        return "cuda", kernels
+    ops = sorted((dict(e) for e in complete if e.get("cat") == "cpu_op"),
+                 key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"]))
+    stack: list[dict] = []
+    for e in ops:
+        e["self"] = e["dur"]
+        while stack and ((stack[-1]["pid"], stack[-1]["tid"]) != (e["pid"], e["tid"])
+                         or e["ts"] >= stack[-1]["ts"] + stack[-1]["dur"]):
+            stack.pop()
+        if stack:
+            stack[-1]["self"] -= e["dur"]
+        stack.append(e)
+    return "cpu", ops
+
+
+def idle_gaps_us(events: list[dict]) -> float:
+    """The time between the first event's start and the last one's end when no event runs."""
+    gaps, end = 0.0, None
+    for e in sorted(events, key=lambda e: e["ts"]):
+        if end is not None and e["ts"] > end:
+            gaps += e["ts"] - end
+        end = max(end or e["ts"], e["ts"] + e["dur"])
+    return gaps
+
+
+def summarize_trace(trace: dict | list, *, steps: int | None, device: str | None = None) -> dict:
+    """Per class: device time (µs), share of the classified time, event count; plus idle gaps and kernels per
+    step. `steps`: engine steps inside the trace (None when unknown)."""
+    found, events = device_events(trace)
+    classes = {cls: {"us": 0.0, "count": 0} for cls in CLASSES}
+    names: dict[str, dict] = {}
+    for e in events:
+        cls, us = classify(e["name"]), e.get("self", e["dur"])
+        classes[cls]["us"] += us
+        classes[cls]["count"] += 1
+        n = names.setdefault(e["name"], {"class": cls, "us": 0.0, "count": 0})
+        n["us"] += us
+        n["count"] += 1
+    busy = sum(c["us"] for c in classes.values())
+    for c in classes.values():
+        c["share"] = c["us"] / busy if busy else 0.0
+    window = (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) if events else 0.0
+    top = sorted(names.items(), key=lambda kv: -kv[1]["us"])[:15]
+    return {"device": device or found, "events_from": found, "kernels": len(events), "steps": steps,
+            "kernels_per_step": len(events) / steps if steps else None, "busy_us": busy,
+            "idle_gap_us": idle_gaps_us(events), "window_us": window, "classes": classes,
+            "top_kernels": [{"name": k[:200], **v} for k, v in top]}

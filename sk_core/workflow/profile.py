@@ -1,0 +1,107 @@
+"""`sk profile SCENARIO.yaml`: where a step's time goes, per workload, in the engine's model process.
+
+Each scenario row's engine runs alone (stock unless `--sk`), and for each workload one warm-up batch, then one
+batch under torch.profiler inside the process that runs the model (vLLM: the worker, through
+sk.workflow.profile_worker; SGLang: the scheduler, through its own profiler). The device's kernels are
+classified by name (sk.workflow.kernel_profile): GPU time and share per class, the sum of idle gaps between
+kernels, kernels per engine step. Writes JSON and a stacked-bar PNG beside it.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from sk import settings
+from sk.workflow import scenarios
+from sk.workflow.engine_runner import EngineProcess, progress_bars
+from sk.workflow.kernel_profile import CLASSES
+
+SCHEMA = "standardkernels.profile/1"
+
+
+def profile_table(scenario: scenarios.Scenario, variant: str, rows: dict[str, dict]) -> Table:
+    device = next(iter(rows.values()))["device"]
+    unit = "GPU" if device == "cuda" else "CPU"
+    table = Table(title=f"WHERE THE TIME GOES   {scenario.label}   {variant}   ({unit} time per class, share)",
+                  title_justify="left")
+    for column in ("WORKLOAD", "STEPS", f"{unit} ms", *(c.upper() for c in CLASSES), "IDLE GAPS ms",
+                   "KERNELS/STEP" if device == "cuda" else "OPS/STEP"):
+        table.add_column(column, justify="left" if column == "WORKLOAD" else "right")
+    for token, r in rows.items():
+        per_step = f"{r['kernels_per_step']:.0f}" if r["kernels_per_step"] else "-"
+        table.add_row(token, str(r["steps"] or "-"), f"{r['busy_us'] / 1e3:,.1f}",
+                      *(f"{r['classes'][c]['us'] / 1e3:,.1f} ({r['classes'][c]['share'] * 100:.0f}%)" for c in CLASSES),
+                      f"{r['idle_gap_us'] / 1e3:,.1f}", per_step)
+    return table
+
+
+def write_chart(document: dict, path: Path) -> Path | None:
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [(f"{s['scenario']['model']} {s['scenario']['engine']}\n{token}", r)
+            for s in document["scenarios"] for token, r in s["workloads"].items()]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(bars)), 4.5))
+    bottoms = [0.0] * len(bars)
+    for cls in (*CLASSES, "idle"):
+        values = [(r["idle_gap_us"] if cls == "idle" else r["classes"][cls]["us"]) / 1e3 / (r["steps"] or 1)
+                  for _, r in bars]
+        ax.bar(range(len(bars)), values, bottom=bottoms, label=cls, hatch="//" if cls == "idle" else None,
+               color="white" if cls == "idle" else None, edgecolor="grey" if cls == "idle" else None)
+        bottoms = [b + v for b, v in zip(bottoms, values)]
+    ax.set_xticks(range(len(bars)), [label for label, _ in bars], fontsize=7)
+    unit = "GPU" if bars and bars[0][1]["device"] == "cuda" else "CPU"
+    known = all(r["steps"] for _, r in bars)
+    ax.set_ylabel(f"{unit} ms per engine step" if known else f"{unit} ms (per step where known)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(f"sk profile {document['scenario_file']} ({document['variant']}, {document['date']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool, max_layers: int | None,
+        max_requests: int | None, console: Console, workloads: list[str] | None = None) -> None:
+    """`workloads`: tokens that replace every row's workloads (e.g. decode batches 1, 8, 64 and a prefill-heavy
+    one), validated as a row's are."""
+    loaded = scenarios.with_workloads(scenarios.load(scenario_file), workloads)
+    scenarios.check_fits(loaded, 1, scenario_file)
+    stem = Path(scenario_file).stem
+    variant = "standardkernels adapter" if with_sk else "stock"
+    results = []
+    for scenario in loaded:
+        env = {settings.env_name("adapters"): scenario.engine} if with_sk else {}
+        with progress_bars() as progress, EngineProcess(
+                scenario, label=f"profile {scenario.model}", env=env, progress=progress, mode="profile",
+                enforce_eager=enforce_eager, max_layers=max_layers, max_requests=max_requests,
+                log_path=out_dir / "logs" / f"{stem}.{scenario.slug}.profile.log") as engine:
+            engine.wait_ready()
+            workloads = {}
+            for token in scenario.workloads:
+                engine.call("batch", description=f"{token} warm-up", workload=token)
+                workloads[token] = engine.call("profile", description=f"{token} profiled", workload=token)
+            environment = engine.call("info")["environment"]
+        result = {"scenario": scenario.model_dump(), "environment": environment, "workloads": workloads}
+        console.print(profile_table(scenario, variant, workloads))
+        console.print(f"[dim]{environment}")
+        if environment["device"] == "cpu":
+            console.print("[yellow]CPU engine: these are CPU ops' times, not GPU kernels'; the classes are the same.")
+        results.append(result)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    document = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "scenario_file": str(scenario_file), "variant": variant,
+                "settings": {"enforce_eager": enforce_eager, "max_layers": max_layers, "max_requests": max_requests},
+                "scenarios": results}
+    json_path = out_dir / f"{stem}.profile.json"
+    json_path.write_text(json.dumps(document, indent=1) + "\n")
+    chart = write_chart(document, out_dir / f"{stem}.profile.png")
+    console.print(f"results: {json_path}" + (f", {chart}" if chart else " (no PNG: matplotlib is not installed)"))

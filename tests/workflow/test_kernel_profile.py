@@ -1,0 +1,91 @@
+"""`sk profile`'s kernel classes and trace summary (sk.workflow.kernel_profile), on real kernel names and a
+recorded-style trace (tests/workflow/data/decode_trace.json: two decode steps of vLLM kernels on an H200)."""
+from pathlib import Path
+
+import pytest
+
+from sk.workflow.kernel_profile import CLASSES, classify, load_trace, summarize_trace
+
+TRACE = Path(__file__).parent / "data" / "decode_trace.json"
+
+NAMES = {
+    "gemm": [
+        "nvjet_tst_128x200_64x4_1x2_h_bz_coopA_NNT",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_"
+        "kernel__5x_cublas",
+        "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(cutlass_80_"
+        "tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8::Params)",
+        "void cublasLt::splitKreduce_kernel<32, 16, int, __nv_bfloat16, __nv_bfloat16, float>(...)",
+        "triton_tem_fused_mm_0", "aten::addmm", "_gate_up_kernel",
+    ],
+    "attention": [
+        "void flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4, false, false, "
+        "cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 4, cutlass::bfloat16_t> >, false>(...)",
+        "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::"
+        "CollectiveMainloopFwdSm90<2, cute::tuple<cute::C<1>>, cutlass::bfloat16_t> > > >(...)",
+        "void flashinfer::BatchPrefillWithPagedKVCacheKernel<flashinfer::KernelTraits<...> >(...)",
+        "void flashinfer::BatchDecodeWithPagedKVCacheKernel<...>(...)",
+        "kernel_unified_attention_2d", "_C::cpu_attention_with_kv_cache", "_fwd_kernel_stage1",
+        "void vllm::paged_attention_v2_kernel<...>(...)",
+    ],
+    "norm": [
+        "void vllm::rms_norm_kernel<c10::BFloat16, 8, 2>(...)",
+        "void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(...)",
+        "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(...)",
+        "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "_rms_norm_fwd_kernel", "_ln_stats_kernel",
+        "aten::layer_norm",
+    ],
+    "activation": [
+        "void vllm::act_and_mul_kernel<c10::BFloat16, &(c10::BFloat16 vllm::silu_kernel<c10::BFloat16>"
+        "(c10::BFloat16 const&)), false>(...)",
+        "void flashinfer::activation::act_and_mul_kernel<__nv_bfloat16, &silu>(...)",
+        "triton_poi_fused_mul_silu_slice_1", "void vllm::gelu_tanh_and_mul_kernel<...>(...)", "_act_and_mul_kernel",
+        "_C::silu_and_mul",
+    ],
+    "rotary/kv-cache": [
+        "void vllm::rotary_embedding_kernel<c10::BFloat16, true>(...)",
+        "void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, __nv_bfloat16, (vllm::Fp8KVCacheDataType)0>(...)",
+        "void flashinfer::BatchQKApplyRotaryPosIdsCosSinCacheKernel<...>(...)", "store_kvcache",
+        "void vllm::concat_and_cache_mla_kernel<...>(...)", "_C::cpu_attn_reshape_and_cache",
+        "vllm::unified_kv_cache_update",
+    ],
+    "sampling": [
+        "void flashinfer::sampling::TopKTopPSamplingFromProbKernel<1024u, (cub::BlockScanAlgorithm)0>(...)",
+        "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float>(...)",
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>(...)",
+        "void at_cuda_detail::cub::DeviceRadixSortOnesweepKernel<...>(...)", "_topk_topp_kernel", "aten::argmax",
+    ],
+    "other": [
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(...)",
+        "Memcpy DtoH (Device -> Pinned)", "void at::native::index_elementwise_kernel<128, 4>(...)",
+    ],
+}
+
+
+@pytest.mark.parametrize("cls, name", [(c, n) for c, names in NAMES.items() for n in names])
+def test_real_kernel_names_land_in_their_class(cls, name):
+    assert classify(name) == cls
+
+
+def test_the_trace_summary_sums_classes_gaps_and_kernels_per_step():
+    summary = summarize_trace(load_trace(TRACE), steps=2)
+    assert summary["device"] == summary["events_from"] == "cuda"
+    assert summary["kernels"] == 22 and summary["kernels_per_step"] == 11
+    us = {c: summary["classes"][c]["us"] for c in CLASSES}
+    assert us == {"gemm": 2 * 51, "attention": 2 * 9, "norm": 2 * 3, "activation": 2 * 4, "rotary/kv-cache": 2 * 4,
+                  "sampling": 2 * 5, "other": 2 * 1}
+    assert summary["busy_us"] == 2 * 77
+    assert sum(c["share"] for c in summary["classes"].values()) == pytest.approx(1.0)
+    # 1 µs after each kernel but the last one, and 50 µs of host work between the two steps.
+    assert summary["idle_gap_us"] == pytest.approx(21 + 50)
+
+
+def test_a_cpu_trace_counts_each_op_for_its_exclusive_time():
+    trace = [{"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 1, "tid": 1, "ts": 0.0, "dur": 10.0},
+             {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "pid": 1, "tid": 1, "ts": 1.0, "dur": 8.0},
+             {"ph": "X", "cat": "cpu_op", "name": "_C::silu_and_mul", "pid": 1, "tid": 1, "ts": 12.0, "dur": 3.0}]
+    summary = summarize_trace(trace, steps=1)
+    assert summary["device"] == "cpu" and summary["kernels"] == 3
+    assert summary["classes"]["gemm"]["us"] == 10.0 and summary["classes"]["activation"]["us"] == 3.0
+    assert summary["busy_us"] == 13.0
+    assert summary["idle_gap_us"] == 2.0
