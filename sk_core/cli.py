@@ -35,7 +35,7 @@ def cmd_list(args) -> int:
     tick = {True: "✓", False: "✗"}
     for e in coverage.table().values():
         table.add_row(e.op, ", ".join(e.precisions), ", ".join(h.upper() for h in e.hardware), e.shape,
-                      e.provenance, tick[e.training], tick[e.inference])
+                      e.provenance, f"{tick[e.training]} {e.training_note}".strip(), tick[e.inference])
     console.print(table)
     console.print("ops: " + ", ".join(f"sk.ops.{name}" for name in ops.__all__))
     return 0
