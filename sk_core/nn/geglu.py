@@ -4,10 +4,15 @@
 
 Parameters are FP32 masters (what the optimizer updates; their gradients are FP32). With a BF16 input the
 op reads the LayerNorm scale and shift in FP32 and computes the projections on BF16 copies of the masters,
-made once and re-made only after a master changes (the op's `compute_weight` cache follows each parameter's
-version counter, which every optimizer step advances; inference uses copies with the LayerNorm scale folded
-in, cached the same way). Under CUDA BF16 autocast an FP32 input is converted
-for this op; outside autocast an FP32 input runs the PyTorch fallback, recorded in the coverage report.
+made once and re-made only after a master changes (`sk.ops.weight_cache` follows each parameter's identity,
+storage and version counter, which every optimizer step advances; inference uses copies with the LayerNorm
+scale folded in, cached the same way). The copies are never made inside a CUDA graph of inference: a graph
+captured after one call (as `sk.cuda_graphs.make_graphed_callables` does) reads them, so the module replays
+as fast as the op with BF16 weights. A module built under `torch.inference_mode()` (inference-tensor
+parameters, which have no version counter) is cached on identity and storage: after changing such a
+parameter in place inside inference mode, call `sk.ops.weight_cache.forget(param)`. Under CUDA BF16 autocast
+an FP32 input is converted for this op; outside autocast an FP32 input runs the PyTorch fallback, recorded in
+the coverage report.
 
 Training steps that repeat on CUDA (same input shape, same parameters) are replayed from CUDA graphs of the
 op's forward and backward after two eager calls, with the same results (see `sk_core/ops/_step_graphs.py`: what
