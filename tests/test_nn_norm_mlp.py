@@ -134,3 +134,42 @@ def test_pre_norm_swiglu_ffn_from_a_decoder_layers_modules():
         sk.nn.PreNormSwiGLUFFN.from_modules(norm, LlamaMLP(_Config("gelu_pytorch_tanh")))
     gemma = sk.nn.PreNormGatedFFN.from_modules(HFGemmaRMSNorm(24), LlamaMLP(_Config("gelu_pytorch_tanh")))
     assert isinstance(gemma.norm, sk.nn.GemmaRMSNorm) and gemma.mlp.activation == "gelu_tanh"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("residual", [False, True])
+def test_training_step_replayed_from_cuda_graphs(residual):
+    """torch.cuda.make_graphed_callables over our norm and MLP: forward and backward captured (our backward
+    kernels inside the graphs), replayed with fresh inputs, the same gradients as eager calls."""
+    sk.warmup([256], [512], dtypes=[torch.bfloat16], training=True)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.mlp = sk.nn.RMSNorm(256), sk.nn.GatedMLP(256, 512)
+
+        def forward(self, x, r):
+            if residual:
+                h, r = self.norm(x, r)
+                return self.mlp(h) + r
+            return self.mlp(self.norm(x)) + r
+
+    torch.manual_seed(0)
+    eager = randomized(Block()).cuda()
+    graphed_block = randomized(Block()).cuda()
+    graphed_block.load_state_dict(eager.state_dict())
+
+    def sample():
+        return [torch.randn(64, 256, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(2)]
+    graphed = torch.cuda.make_graphed_callables(graphed_block, tuple(sample()))
+    for _ in range(3):
+        inputs = sample()
+        twins = [t.detach().clone().requires_grad_() for t in inputs]
+        dy = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+        with sk.coverage.strict():
+            graphed(*inputs).backward(dy)
+            eager(*twins).backward(dy)
+        for a, b in zip(inputs + list(graphed_block.parameters()), twins + list(eager.parameters())):
+            assert torch.equal(a.grad, b.grad)
+        graphed_block.zero_grad()
+        eager.zero_grad()
