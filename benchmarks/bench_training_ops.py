@@ -1,7 +1,7 @@
 """Training-side benchmark of the norms and gated activations: forward + backward per call, ours side by side with
 Liger-Kernel, QuACK's RMSNorm, torch.compile and PyTorch eager, on one GPU (bf16).
 
-    python benchmarks/bench_training_ops.py --out DIR [--quick] [--no-compile] [--fp32-weights]
+    python benchmarks/bench_training_ops.py --out DIR [--quick] [--no-compile] [--fp32-weights] [--sweep]
 
 Each implementation's call is one forward and one backward (`torch.autograd.grad` of the outputs for fixed
 cotangents, with respect to every input: x, the residual and the weight), timed per call inside a CUDA graph the
@@ -30,6 +30,10 @@ Peers are imported when present and skipped (logged) otherwise:
   and the residual form; no Gemma offset, no activations).
 - torch.compile of the PyTorch references (default mode; Inductor generates the backward too).
 
+`--sweep` first times our norm backward alone at the two largest sizes over its launch constants
+(`sk.ops.rms_norm.BACKWARD_PROGRAMS_PER_SM` x `BACKWARD_NUM_STAGES`; bench_training_ops_sweep.json/.md, ~1 min)
+and runs the comparison with the fastest.
+
 Writes DIR/bench_training_ops.json and DIR/bench_training_ops.md (GPU, versions, date). Takes ~4-6 minutes on an
 H200 with compile (most of it Inductor compiling), ~2 without; --quick times the two largest sizes only.
 """
@@ -42,6 +46,8 @@ import pathlib
 import sys
 import traceback
 from typing import Callable
+
+import importlib
 
 import torch
 
@@ -288,14 +294,63 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def sweep(out_dir: pathlib.Path, log=print) -> dict:
+    """Time our rms_norm / fused_add_rms_norm backward (alone: fixed saved inputs and cotangents) over the launch
+    constants at the two largest norm sizes; set the fastest (summed over the cases) and return the table."""
+    norm = importlib.import_module("sk.ops.rms_norm")
+    default = (norm.BACKWARD_PROGRAMS_PER_SM, norm.BACKWARD_NUM_STAGES)
+    configs = [(p, s) for p in (1, 2, 4, 8) for s in (1, 2)]
+    results = []
+    for m in NORM_ROWS[-2:]:
+        n = NORM_WIDTH
+        x, r, dy, dh = (torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        w = torch.ones(n, device="cuda", dtype=torch.bfloat16)
+        for fused in (False, True):
+            fns = {}
+            for p, s in configs:
+                def call(p=p, s=s, fused=fused):
+                    norm.BACKWARD_PROGRAMS_PER_SM, norm.BACKWARD_NUM_STAGES = p, s
+                    return torch.ops.sk.rms_norm_backward(dy, x, w, dh if fused else None, EPS, 0.0, fused, True)
+                fns[f"programs_per_sm={p},stages={s}"] = call
+            # Each call sets its constants before launching: captured graphs keep each config's launch.
+            times = side_by_side_us(fns, on_error=lambda name, e: log(f"  sweep {name}: {type(e).__name__}: {e}"))
+            nbytes = (4 if fused else 3) * m * n * 2
+            for name, us in times.items():
+                results.append({"M": m, "N": n, "fused": fused, "config": name, "us": us,
+                                "TBps": nbytes / (us * 1e-6) / 1e12 if us else None})
+                log(f"  sweep M={m} fused={fused} {name}: {us if us is None else round(us, 2)} µs")
+    norm.BACKWARD_PROGRAMS_PER_SM, norm.BACKWARD_NUM_STAGES = default
+    totals = {}
+    for row in results:
+        if row["us"] is not None:
+            totals[row["config"]] = totals.get(row["config"], 0.0) + row["us"]
+    best = min(totals, key=totals.get)
+    p, s = (int(part.split("=")[1]) for part in best.split(","))
+    norm.BACKWARD_PROGRAMS_PER_SM, norm.BACKWARD_NUM_STAGES = p, s
+    table = {"default": {"programs_per_sm": default[0], "stages": default[1]}, "best": best, "rows": results}
+    (out_dir / "bench_training_ops_sweep.json").write_text(json.dumps(table, indent=2) + "\n")
+    lines = ["| M | fused | config | µs | TB/s |", "|---|---|---|---|---|"]
+    lines += [f"| {r['M']} | {r['fused']} | {r['config']} | {r['us'] or float('nan'):.1f} | "
+              f"{r['TBps'] or float('nan'):.2f} |" for r in results]
+    (out_dir / "bench_training_ops_sweep.md").write_text(
+        f"Norm backward launch sweep (bytes: x, dy[, dh] read, dx written); best overall: {best}; the "
+        f"default is {default}.\n\n" + "\n".join(lines) + "\n")
+    log(f"sweep: best {best} (default programs_per_sm={default[0]}, stages={default[1]})")
+    return table
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=pathlib.Path)
     parser.add_argument("--quick", action="store_true", help="only the two largest sizes of each op")
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out (saves its compile time)")
     parser.add_argument("--fp32-weights", action="store_true", help="FP32 norm weights (masters) instead of bf16")
+    parser.add_argument("--sweep", action="store_true", help="first sweep the norm backward's launch constants")
     args = parser.parse_args(argv)
     try:
+        if args.sweep:
+            args.out.mkdir(parents=True, exist_ok=True)
+            sweep(args.out)
         run(args.out, quick=args.quick, compile_on=not args.no_compile,
             weight_dtype=torch.float32 if args.fp32_weights else torch.bfloat16)
     except Exception:

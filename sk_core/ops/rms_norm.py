@@ -71,6 +71,7 @@ def _rms_norm_backward_kernel(
     dy_ptr, dy_stride, x_ptr, x_stride, w_ptr, dres_ptr, dres_stride, dx_ptr, dx_stride, dw_partial_ptr,
     n_rows, n_cols, eps, weight_offset,
     HAS_DRES: tl.constexpr, WEIGHT_GRAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     # A persistent grid: program p takes tiles p, p + P, p + 2P, ... of ROWS rows each, and sums its rows'
     # dy·n into an fp32 partial row of the weight gradient (its own row of dw_partial: no atomics).
@@ -81,7 +82,7 @@ def _rms_norm_backward_kernel(
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) + weight_offset
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     n_tiles = tl.cdiv(n_rows, ROWS)
-    for tile in range(pid, n_tiles, n_programs):
+    for tile in tl.range(pid, n_tiles, n_programs, num_stages=NUM_STAGES):  # stages > 1: next tile's loads early
         rows = (tile * ROWS + tl.arange(0, ROWS)).to(tl.int64)
         mask = (rows < n_rows)[:, None] & col_mask[None, :]
         x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -139,6 +140,9 @@ def _launch(x2, w, y2, eps, weight_offset, res2=None, res_out2=None) -> None:
 # The backward's persistent grid: this many programs per SM (a few in flight per SM hide the row reductions'
 # latency); its weight-gradient partial rows are P x N fp32, ~3% of the traffic at 32768 x 4096 bf16.
 BACKWARD_PROGRAMS_PER_SM = 4
+# Software-pipelining depth of the backward's row loop (1: none). Both are module constants so that
+# benchmarks/bench_training_ops.py --sweep can time the alternatives on a GPU.
+BACKWARD_NUM_STAGES = 1
 # Under Triton's interpreter (CPU tests) a fixed count: several programs, so the partial-row sum is exercised.
 INTERPRETED_PROGRAMS = 3
 
@@ -179,7 +183,8 @@ def _launch_backward(dy2, x2, w, dx2, eps, weight_offset, dres2=None, dw=None) -
     _rms_norm_backward_kernel[(programs,)](
         dy2, dy2.stride(0), x2, x2.stride(0), w, dres2 if has_dres else dy2, dres2.stride(0) if has_dres else 0,
         dx2, dx2.stride(0), partial, n_rows, n_cols, eps, weight_offset,
-        HAS_DRES=has_dres, WEIGHT_GRAD=dw is not None, ROWS=rows, BLOCK_N=block_n, num_warps=num_warps,
+        HAS_DRES=has_dres, WEIGHT_GRAD=dw is not None, ROWS=rows, BLOCK_N=block_n, NUM_STAGES=BACKWARD_NUM_STAGES,
+        num_warps=num_warps,
     )
     if dw is not None:
         block_c = min(1024, triton.next_power_of_2(n_cols))
