@@ -136,6 +136,27 @@ def test_pre_norm_swiglu_ffn_from_a_decoder_layers_modules():
     assert isinstance(gemma.norm, sk.nn.GemmaRMSNorm) and gemma.mlp.activation == "gelu_tanh"
 
 
+def test_modules_under_torch_compile_fullgraph_forward_and_backward():
+    norm, mlp = randomized(sk.nn.GemmaRMSNorm(24)).to(KERNEL_DEVICE), randomized(sk.nn.GatedMLP(24, 40)).to(KERNEL_DEVICE)
+
+    def step(x, r):
+        h, res = norm(x, r)
+        return (mlp(h) + res).square().sum()
+
+    x, r = torch.randn(5, 24, device=KERNEL_DEVICE), torch.randn(5, 24, device=KERNEL_DEVICE)
+    grads = []
+    for fn in (step, torch.compile(step, fullgraph=True,
+                                   backend="inductor" if KERNEL_DEVICE == "cuda" else "aot_eager")):
+        norm.zero_grad()
+        mlp.zero_grad()
+        leaves = [x.clone().requires_grad_(), r.clone().requires_grad_()]
+        with sk.coverage.strict():
+            fn(*leaves).backward()
+        grads.append([t.grad for t in leaves] + [p.grad.clone() for p in (*norm.parameters(), *mlp.parameters())])
+    for got, want in zip(grads[1], grads[0]):
+        assert rel_err(got.cpu(), want.cpu()) < 1e-6
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("residual", [False, True])
 def test_training_step_replayed_from_cuda_graphs(residual):

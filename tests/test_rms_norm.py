@@ -240,12 +240,25 @@ def test_backward_kernels_match_fp64(n, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [4096, 8192])
+@pytest.mark.parametrize("n", [4096, 8192, 65536])
 def test_bf16_backward_matches_fp64_on_gpu(n):
     x, r, w = inputs((64, 33), n, torch.bfloat16)
     for name in VARIANTS:
         check_norm_backward(name, x, r, w.float(), 1e-6)
         check_norm_backward(name, x, r, w, 1e-6)
+
+
+@pytest.mark.gpu
+def test_weight_gradient_is_the_same_bits_on_every_run_on_gpu():
+    x, r, w = inputs((32768,), 4096, torch.bfloat16)
+    dy = torch.randn_like(x)
+    runs = []
+    for _ in range(3):
+        wg = w.float().requires_grad_()
+        out, res = sk.ops.fused_add_rms_norm(x, r, wg)
+        torch.autograd.backward((out, res), (dy, dy))
+        runs.append(wg.grad)
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
 
 
 def test_backward_of_non_contiguous_inputs_and_gradients():
