@@ -138,7 +138,8 @@ def _launch(x2, w, y2, eps, weight_offset, res2=None, res_out2=None) -> None:
 
 
 # The backward's persistent grid: this many programs per SM (a few in flight per SM hide the row reductions'
-# latency); its weight-gradient partial rows are P x N fp32, ~3% of the traffic at 32768 x 4096 bf16.
+# latency); its weight-gradient partial rows are P x N fp32, written and read once: ~1% of the traffic at
+# 32768 x 4096 bf16.
 BACKWARD_PROGRAMS_PER_SM = 4
 # Software-pipelining depth of the backward's row loop (1: none). Both are module constants so that
 # benchmarks/bench_training_ops.py --sweep can time the alternatives on a GPU.
