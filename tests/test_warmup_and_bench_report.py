@@ -9,7 +9,9 @@ from numerics import KERNEL_DEVICE
 from sk.bench import peers
 
 
-def test_warmup_runs_every_op_through_its_kernel():
+def test_warmup_runs_every_op_through_its_kernel(monkeypatch):
+    # A small "large problem" (3 rows at d = 32, not 32769): both block sizes, in seconds under the interpreter.
+    monkeypatch.setattr(importlib.import_module("sk.warmup"), "SMALL_PROBLEM", 64)
     with sk.coverage.strict():
         calls = sk.warmup(hidden_sizes=[64], intermediate_sizes=[32], dtypes=[torch.float32], device=KERNEL_DEVICE)
     counted = sk.coverage.report()["kernel_calls"]
