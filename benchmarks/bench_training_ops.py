@@ -6,7 +6,7 @@ Liger-Kernel, QuACK's RMSNorm, torch.compile and PyTorch eager, on one GPU (bf16
 Each implementation's call is one forward and one backward (`torch.autograd.grad` of the outputs for fixed
 cotangents, with respect to every input: x, the residual and the weight), timed per call inside a CUDA graph the
 house way (`sk.bench.timing.side_by_side_us`: 20 calls per replay, median of 50 replays, implementations
-interleaved). Achieved bandwidth = the bytes the step must move / time, the bytes being each tensor the forward
+interleaved; 4 calls and 20 replays for steps moving >= 256 MiB, where launch overhead is noise). Achieved bandwidth = the bytes the step must move / time, the bytes being each tensor the forward
 and the backward must read or write once at the op's width (weights and the per-row statistics excluded, being
 < 0.1 %):
 
@@ -28,7 +28,8 @@ Peers are imported when present and skipped (logged) otherwise:
   only) on separate contiguous gate and up tensors (its API; the bytes are the same).
 - QuACK, `quack-kernels==0.6.5` as pinned in ci/gpu/cute.lock.txt (`quack.rmsnorm.RMSNormFunction`, RMSNorm
   and the residual form; no Gemma offset, no activations).
-- torch.compile of the PyTorch references (default mode; Inductor generates the backward too).
+- torch.compile of the PyTorch references (default mode, dynamic=True: one compile per op for every M, the
+  width static; Inductor generates the backward too).
 
 `--sweep` first times our norm backward alone at the two largest sizes over its launch constants
 (`sk.ops.rms_norm.BACKWARD_PROGRAMS_PER_SM` x `BACKWARD_NUM_STAGES`; bench_training_ops_sweep.json/.md, ~1 min)
@@ -135,7 +136,8 @@ def _accuracy(forward, inputs, cotangents, fp64) -> dict:
 
 def _norm_cases(peers, dtype, rows_list, compile_on, weight_dtype) -> list[Case]:
     cases = []
-    compiled = {False: torch.compile(rms_norm_reference), True: torch.compile(fused_add_rms_norm_reference)}
+    compiled = {False: torch.compile(rms_norm_reference, dynamic=True),
+                True: torch.compile(fused_add_rms_norm_reference, dynamic=True)}
     for m in rows_list:
         n = NORM_WIDTH
         gen = torch.Generator(device="cuda").manual_seed(m)
@@ -193,7 +195,7 @@ def _fp64_act(x, activation):
 
 def _act_cases(peers, dtype, rows_list, compile_on) -> list[Case]:
     cases = []
-    compiled = torch.compile(act_and_mul_reference)
+    compiled = torch.compile(act_and_mul_reference, dynamic=True)
     for m in rows_list:
         width, d = ACT_WIDTH, ACT_WIDTH // 2
         gen = torch.Generator(device="cuda").manual_seed(m)
@@ -234,8 +236,11 @@ def run(out_dir: pathlib.Path, *, quick: bool, compile_on: bool, weight_dtype: t
     rows, accuracy = [], []
     for case in (_norm_cases(peers, dtype, norm_rows, compile_on, weight_dtype)
                  + _act_cases(peers, dtype, act_rows, compile_on)):
+        # Past ~100 µs a call launch overhead is noise: fewer calls per replay and replays keep the run short.
+        big = case.nbytes >= 256 << 20
         with sk.coverage.strict():  # ours must run its kernels, forward and backward
-            times = side_by_side_us(case.impls, on_error=lambda name, e: log(
+            times = side_by_side_us(case.impls, calls_per_replay=4 if big else 20, repeats=20 if big else 50,
+                                    on_error=lambda name, e: log(
                 f"  {case.op} M={case.rows} {name}: {type(e).__name__}: {str(e)[:200]}"))
         if times.get(OURS) is None:
             raise RuntimeError(f"{case.op} M={case.rows}: our kernels failed; see the log above")
@@ -273,7 +278,8 @@ def markdown(result: dict) -> str:
         "",
         f"torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, liger-kernel {result['liger_kernel']}; "
         f"{result['dtype']} activations, {result['weight_dtype']} weights. µs per forward + backward call inside "
-        f"a CUDA graph (20 calls per replay, median of 50 replays, implementations interleaved); bandwidth = bytes "
+        f"a CUDA graph (20 calls per replay, median of 50 replays; 4 and 20 from 256 MiB moved; implementations "
+        f"interleaved); bandwidth = bytes "
         f"the step must move / time. Copy bandwidth in the same run: {result['copy_TBps']:.2f} TB/s. "
         f"`vs best peer` > 1: ours is faster. Command: `{result['command']}`",
         "",
