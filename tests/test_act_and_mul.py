@@ -215,3 +215,10 @@ def test_torch_compile_inductor_on_gpu():
     fn = torch.compile(lambda x: sk.ops.rms_norm(sk.ops.gelu_and_mul(x, approximate="tanh"), w), fullgraph=True)
     with sk.coverage.strict():
         assert torch.equal(fn(x), sk.ops.rms_norm(sk.ops.gelu_and_mul(x, approximate="tanh"), w))
+
+
+def test_custom_op_and_its_backward_pass_opcheck():
+    """torch.library's schema, fake, and AOT-dispatch (autograd formula) checks, with a gradient wanted."""
+    x = inputs((3,), 32, torch.float32)
+    torch.library.opcheck(torch.ops.sk.act_and_mul.default, (x.clone().requires_grad_(), "gelu_tanh"))
+    torch.library.opcheck(torch.ops.sk.act_and_mul_backward.default, (x[:, :32].contiguous(), x, "silu"))

@@ -395,3 +395,13 @@ def test_cuda_graph_replay_with_new_inputs(dtype):
         assert rel_err(y, fp64_rms_norm(x, w, 1e-6)) < TOLERANCE[dtype]
         assert torch.equal(static_r, expected_res)
         assert rel_err(static_x, fp64_rms_norm(expected_res, w, 1e-6)) < TOLERANCE[dtype]
+
+
+def test_custom_ops_and_their_backward_pass_opcheck():
+    """torch.library's schema, fake, and AOT-dispatch (autograd formula) checks, with gradients wanted."""
+    x, r, w = inputs((3,), 64, torch.float32)
+    xg, rg, wg = (t.clone().requires_grad_() for t in (x, r, w))
+    torch.library.opcheck(torch.ops.sk.rms_norm.default, (xg, wg, 1e-6, 1.0))
+    torch.library.opcheck(torch.ops.sk.fused_add_rms_norm.default, (xg, rg, wg, 1e-6, 0.0))
+    torch.library.opcheck(torch.ops.sk.rms_norm_backward.default, (r, x, w, None, 1e-6, 0.0, False, True))
+    torch.library.opcheck(torch.ops.sk.rms_norm_backward.default, (r, x, w, r.clone(), 1e-6, 1.0, True, False))
