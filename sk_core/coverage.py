@@ -190,8 +190,15 @@ def miss_reason(op: str, x: torch.Tensor, *, shape_miss: str | None = None, back
     """Why `op` on input `x` is outside the table, or None when its kernel covers it.
 
     `x` is the activation whose dtype and device decide the variant; `shape_miss` is the op's own verdict
-    on its shape limits (see each op's `shape_miss`).
+    on its shape limits (see each op's `shape_miss`). A backward miss's reason starts with "backward: ".
     """
+    reason = _miss_reason(op, x, shape_miss=shape_miss, backward=backward)
+    if backward and reason is not None and not reason.startswith("backward: "):
+        return f"backward: {reason}"
+    return reason
+
+
+def _miss_reason(op: str, x: torch.Tensor, *, shape_miss: str | None, backward: bool) -> str | None:
     entry = table()[op]
     if backward and not entry.training:
         return "backward: no kernel published for training; autograd of the PyTorch reference ran"

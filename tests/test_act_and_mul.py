@@ -93,13 +93,86 @@ def test_width_zero_in_every_path(lead, dtype):
     assert xg.grad.shape == xg.shape
 
 
-def test_gradients_match_reference():
-    x = inputs((3,), 64, torch.float32).requires_grad_(True)
-    sk.ops.gelu_and_mul(x).sum().backward()
-    got = x.grad.clone()
-    x.grad = None
-    fp64_act_and_mul(x, "gelu").sum().backward()
-    assert rel_err(got, x.grad) < 1e-5
+# ----------------------------------------------------------------------------------------------- backward
+
+def fp64_act_grad(x, dy, activation):
+    x64 = x.detach().double().requires_grad_()
+    (dx,) = torch.autograd.grad(fp64_act_and_mul(x64, activation), (x64,), dy.double())
+    return dx
+
+
+def check_backward(x, activation, dtype_tolerance=None, strict=True):
+    x = x.detach().requires_grad_()
+    with sk.coverage.strict(strict):
+        y = ACTIVATIONS[activation](x)
+        gen = torch.Generator().manual_seed(seed_of("cotangent", tuple(x.shape), x.dtype, activation))
+        dy = torch.randn(y.shape, generator=gen).to(y.device, y.dtype)
+        (dx,) = torch.autograd.grad(y, (x,), dy)
+    want = fp64_act_grad(x, dy, activation)
+    assert dx.shape == x.shape and dx.dtype == x.dtype
+    # dx = [dy·u·act'(g), dy·act(g)], each rounded once from fp32; the kernel's erf (A&S 7.1.26, |error| < 1.5e-7)
+    # moves Φ(g) by up to 0.75e-7, i.e. each half by 0.75e-7·|dy·u| and 0.75e-7·|dy·g|: allowed on top.
+    g, u = x.detach().double().cpu().chunk(2, dim=-1)
+    dy64 = dy.double().cpu()
+    erf_slack = 0.75e-7 * ((dy64 * u).norm() + (dy64 * g).norm()).item() if activation == "gelu" else 0.0
+    tol = dtype_tolerance or TOLERANCE[x.dtype]
+    assert (dx.double().cpu() - want.cpu()).norm().item() <= tol * want.norm().item() + erf_slack, activation
+    return dx
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("d", WIDTHS)
+def test_backward_kernel_matches_fp64(d, dtype):
+    x = inputs((2, 3), d, dtype)
+    for activation in ACTIVATIONS:
+        check_backward(x, activation)
+    calls = sk.coverage.report()["kernel_calls"]
+    assert calls["silu_and_mul"] == 2 and calls["gelu_and_mul"] == 4  # forward and backward kernels
+
+
+@pytest.mark.gpu
+def test_bf16_backward_matches_fp64_on_gpu():
+    x = inputs((4096,), 14336, torch.bfloat16, "cuda")
+    for activation in ACTIVATIONS:
+        check_backward(x, activation)
+
+
+def test_backward_of_non_contiguous_input_and_empty_batch():
+    base = inputs((6,), 2 * 1023, torch.float32)
+    for x in (base[::2, : 2 * 1023], base[:, ::2], base.t().contiguous().t()[:, :2046]):
+        check_backward(x, "silu")
+    x = inputs((0,), 64, torch.float32).requires_grad_()
+    with sk.coverage.strict():
+        sk.ops.gelu_and_mul(x).sum().backward()
+    assert x.grad.shape == (0, 128)
+
+
+def test_backward_fallback_is_recorded_and_matches_fp64(settings_override):
+    x = inputs((3,), 64, torch.float32)
+    for activation in ACTIVATIONS:
+        check_backward(x.double(), activation, dtype_tolerance=1e-12, strict=False)
+    settings_override(triton_interpret=False)
+    for activation in ACTIVATIONS:
+        check_backward(x.cpu(), activation, strict=False)
+    reasons = [(f["op"], f["reason"]) for f in sk.coverage.report()["fallbacks"]]
+    assert ("gelu_and_mul", "backward: dtype fp64 is not covered (bf16, fp16, fp32)") in reasons
+    assert any(op == "silu_and_mul" and reason.startswith("backward: CPU tensor") for op, reason in reasons)
+
+
+def test_torch_compile_fullgraph_forward_and_backward():
+    x = inputs((5,), 96, torch.float32)
+
+    def step(x):
+        return (sk.ops.silu_and_mul(x) * sk.ops.gelu_and_mul(x, approximate="tanh")).sum() + sk.ops.gelu_and_mul(x).sum()
+
+    grads = []
+    for fn in (step, torch.compile(step, fullgraph=True,
+                                   backend="inductor" if KERNEL_DEVICE == "cuda" else "aot_eager")):
+        leaf = x.clone().requires_grad_()
+        with sk.coverage.strict():
+            fn(leaf).backward()
+        grads.append(leaf.grad)
+    assert torch.equal(grads[0], grads[1])
 
 
 @pytest.mark.parametrize(
@@ -142,3 +215,10 @@ def test_torch_compile_inductor_on_gpu():
     fn = torch.compile(lambda x: sk.ops.rms_norm(sk.ops.gelu_and_mul(x, approximate="tanh"), w), fullgraph=True)
     with sk.coverage.strict():
         assert torch.equal(fn(x), sk.ops.rms_norm(sk.ops.gelu_and_mul(x, approximate="tanh"), w))
+
+
+def test_custom_op_and_its_backward_pass_opcheck():
+    """torch.library's schema, fake, and AOT-dispatch (autograd formula) checks, with a gradient wanted."""
+    x = inputs((3,), 32, torch.float32)
+    torch.library.opcheck(torch.ops.sk.act_and_mul.default, (x.clone().requires_grad_(), "gelu_tanh"))
+    torch.library.opcheck(torch.ops.sk.act_and_mul_backward.default, (x[:, :32].contiguous(), x, "silu"))

@@ -166,17 +166,185 @@ def test_outputs_are_fully_written():
     assert torch.isfinite(sk.ops.rms_norm(x, w)).all()
 
 
-def test_gradients_match_reference_and_backward_is_recorded():
+# ----------------------------------------------------------------------------------------------- backward
+
+VARIANTS = {  # name: (offset, fused)
+    "rms_norm": (0.0, False), "gemma_rms_norm": (1.0, False),
+    "fused_add_rms_norm": (0.0, True), "gemma_fused_add_rms_norm": (1.0, True),
+}
+
+
+def _norm_call(name, x, r, w, eps):
+    op = getattr(sk.ops, name)
+    return op(x, r, w, eps) if VARIANTS[name][1] else (op(x, w, eps),)
+
+
+def fp64_norm_grads(name, x, r, w, cotangents, eps):
+    """(dx, dresidual, dweight) by fp64 autograd of the formulas, and the scale of dx's terms: dx = rstd·(g − n·mean(g·n))
+    cancels, to nothing at width 1, so its error is measured against ‖rstd·g‖ (+ ‖dresidual-output‖), the size of
+    what is added (any fp32 evaluation of the formula errs by about u_fp32 of that)."""
+    offset, fused = VARIANTS[name]
+    w64 = w.detach().double().requires_grad_()
+    if fused:  # what is normalized is x + residual rounded to the dtype, as the kernel does; d/dx = d/dresidual
+        h = (x.detach().double() + r.detach().double()).to(x.dtype).double().requires_grad_()
+    else:
+        h = x.detach().double().requires_grad_()
+    outputs = (fp64_rms_norm(h, w64, eps, offset), h)[: 2 if fused else 1]
+    dh, dw = torch.autograd.grad(outputs, (h, w64), [c.double() for c in cotangents])
+    rstd = torch.rsqrt((h.detach() ** 2).mean(-1, keepdim=True) + eps)
+    scale = (rstd * cotangents[0].double() * (w64.detach() + offset)).norm().item()
+    if fused:
+        scale += cotangents[1].double().norm().item()
+    return dh, dw, scale
+
+
+# fp64 runs the reference in fp64: nothing but fp64 roundings.
+BACKWARD_TOLERANCE = {**TOLERANCE, torch.float64: 1e-12}
+
+
+def check_norm_backward(name, x, r, w, eps, strict=True, weight_grad=True):
+    x = x.detach().requires_grad_()
+    r = r.detach().requires_grad_()
+    w = w.detach().requires_grad_(weight_grad)
+    with sk.coverage.strict(strict):
+        outputs = _norm_call(name, x, r, w, eps)
+    gen = torch.Generator().manual_seed(seed_of("cotangent", name, tuple(x.shape), x.dtype))
+    cotangents = [torch.randn(o.shape, generator=gen).to(o.device, o.dtype) for o in outputs]
+    wrt = (x, r, w) if VARIANTS[name][1] else (x, w)
+    with sk.coverage.strict(strict):
+        grads = torch.autograd.grad(outputs, [t for t in wrt if t.requires_grad], cotangents)
+    dh, dw, scale = fp64_norm_grads(name, x, r, w, cotangents, eps)
+    got = dict(zip([n for n, t in zip(("x", "r", "w") if len(wrt) == 3 else ("x", "w"), wrt) if t.requires_grad],
+                   grads))
+    tol = BACKWARD_TOLERANCE[x.dtype]
+    assert got["x"].dtype == x.dtype and got["x"].shape == x.shape
+    assert (got["x"].double().cpu() - dh.cpu()).norm().item() <= tol * (scale or 1.0), name
+    if "r" in got:
+        assert torch.equal(got["r"], got["x"])
+    if weight_grad:
+        assert got["w"].dtype == w.dtype and got["w"].shape == w.shape
+        assert rel_err(got["w"].cpu(), dw.cpu()) < BACKWARD_TOLERANCE[w.dtype], name
+    return got
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n", ODD_WIDTHS + REAL_WIDTHS)
+def test_backward_kernels_match_fp64(n, dtype):
+    x, r, w = inputs((2, 3), n, dtype)
+    # FP32 master weights under fp16 activations at some widths, the activations' dtype at the others.
+    w = w.float() if n in (3, 4097) else w
+    for name in VARIANTS:
+        check_norm_backward(name, x, r, w, 1e-5)
+    calls = sk.coverage.report()["kernel_calls"]
+    assert calls["rms_norm"] == 2 and calls["gemma_fused_add_rms_norm"] == 2  # forward and backward kernels
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [4096, 8192, 65536])
+def test_bf16_backward_matches_fp64_on_gpu(n):
+    x, r, w = inputs((64, 33), n, torch.bfloat16)
+    for name in VARIANTS:
+        check_norm_backward(name, x, r, w.float(), 1e-6)
+        check_norm_backward(name, x, r, w, 1e-6)
+
+
+@pytest.mark.gpu
+def test_weight_gradient_is_the_same_bits_on_every_run_on_gpu():
+    x, r, w = inputs((32768,), 4096, torch.bfloat16)
+    dy = torch.randn_like(x)
+    runs = []
+    for _ in range(3):
+        wg = w.float().requires_grad_()
+        out, res = sk.ops.fused_add_rms_norm(x, r, wg)
+        torch.autograd.backward((out, res), (dy, dy))
+        runs.append(wg.grad)
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+
+
+def test_backward_of_non_contiguous_inputs_and_gradients():
+    base, rbase, w = inputs((6,), 2 * 1023, torch.float32)
+    x, r = base[::2, ::2], rbase[::2, ::2]  # strided rows and a strided last dim
+    w = torch.cat([w, w])[: x.shape[-1]]
+    for name in VARIANTS:
+        check_norm_backward(name, x, r, w, 1e-6)
+    # Expanded cotangents (row stride 0), as `.sum().backward()` gives them
+    xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+    with sk.coverage.strict():
+        sk.ops.rms_norm(xg, wg).sum().backward()
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    fp64_rms_norm(x64, w64, 1e-6).sum().backward()
+    assert rel_err(wg.grad, w64.grad) < 1e-5 and torch.isfinite(xg.grad).all()
+
+
+def test_backward_of_an_empty_batch_gives_a_zero_weight_gradient():
+    for name in VARIANTS:
+        x, r, w = inputs((0,), 64, torch.float32)
+        x.requires_grad_()
+        w = poisoned_like(w).requires_grad_()
+        with sk.coverage.strict():
+            outputs = _norm_call(name, x, r, w, 1e-6)
+            sum(o.sum() for o in outputs).backward()
+        assert x.grad.shape == (0, 64) and torch.equal(w.grad, torch.zeros(64))
+
+
+def test_input_gradient_only():
+    x, r, w = inputs((5,), 1023, torch.float16)
+    for name in VARIANTS:
+        check_norm_backward(name, x, r, w, 1e-6, weight_grad=False)
+
+
+def test_weight_gradient_is_the_same_bits_on_every_run():
+    # More row tiles than programs: each program sums several tiles, then the partial rows are summed.
+    x, r, w = inputs((97,), 1023, torch.float16)
+    dy = torch.randn(97, 1023).to(x.dtype)
+    runs = []
+    for _ in range(2):
+        wg = w.float().requires_grad_()
+        with sk.coverage.strict():
+            out, res = sk.ops.fused_add_rms_norm(x, r, wg)
+            torch.autograd.backward((out, res), (dy, dy))
+        runs.append(wg.grad)
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_backward_fallback_is_recorded_and_matches_fp64():
     x, r, w = inputs((3,), 64, torch.float32)
-    x.requires_grad_(True)
-    w.requires_grad_(True)
-    sk.ops.rms_norm(x, w).square().sum().backward()
-    gx, gw = x.grad.clone(), w.grad.clone()
-    x.grad = w.grad = None
-    fp64_rms_norm(x, w, 1e-6).square().sum().backward()
-    assert rel_err(gx, x.grad) < 1e-5 and rel_err(gw, w.grad) < 1e-5
-    reasons = [f["reason"] for f in sk.coverage.report()["fallbacks"]]
-    assert any(reason.startswith("backward:") for reason in reasons)
+    for name in VARIANTS:
+        check_norm_backward(name, x.double(), r.double(), w.double(), 1e-6, strict=False)
+    reasons = {f["reason"] for f in sk.coverage.report()["fallbacks"]}
+    assert "backward: dtype fp64 is not covered (bf16, fp16, fp32)" in reasons
+    with sk.coverage.strict(), pytest.raises(sk.CoverageError, match="backward: dtype fp64"):
+        xg = x.double().requires_grad_()
+        with sk.coverage.strict(False):
+            y = sk.ops.rms_norm(xg, w.double())
+        y.sum().backward()
+
+
+def test_backward_fallback_on_cpu_without_the_interpreter(settings_override):
+    settings_override(triton_interpret=False)
+    x, r, w = inputs((3,), 64, torch.float32, "cpu")
+    for name in VARIANTS:
+        check_norm_backward(name, x, r, w, 1e-6, strict=False)
+    misses = [f for f in sk.coverage.report()["fallbacks"] if f["reason"].startswith("backward: CPU tensor")]
+    assert {f["op"] for f in misses} == set(VARIANTS)
+
+
+def test_torch_compile_fullgraph_forward_and_backward():
+    x, r, w = inputs((3,), 256, torch.float32)
+
+    def step(x, r, w):
+        h, res = sk.ops.fused_add_rms_norm(x, r, w)
+        return (sk.ops.gemma_rms_norm(h, w) * res).sum() + sk.ops.rms_norm(res, w).square().sum()
+
+    grads = []
+    for fn in (step, torch.compile(step, fullgraph=True,
+                                   backend="inductor" if KERNEL_DEVICE == "cuda" else "aot_eager")):
+        leaves = [t.clone().requires_grad_() for t in (x, r, w)]
+        with sk.coverage.strict():
+            fn(*leaves).backward()
+        grads.append([t.grad for t in leaves])
+    for got, expected in zip(grads[1], grads[0]):
+        assert torch.equal(got, expected)
 
 
 def test_torch_compile_fullgraph():
@@ -227,3 +395,13 @@ def test_cuda_graph_replay_with_new_inputs(dtype):
         assert rel_err(y, fp64_rms_norm(x, w, 1e-6)) < TOLERANCE[dtype]
         assert torch.equal(static_r, expected_res)
         assert rel_err(static_x, fp64_rms_norm(expected_res, w, 1e-6)) < TOLERANCE[dtype]
+
+
+def test_custom_ops_and_their_backward_pass_opcheck():
+    """torch.library's schema, fake, and AOT-dispatch (autograd formula) checks, with gradients wanted."""
+    x, r, w = inputs((3,), 64, torch.float32)
+    xg, rg, wg = (t.clone().requires_grad_() for t in (x, r, w))
+    torch.library.opcheck(torch.ops.sk.rms_norm.default, (xg, wg, 1e-6, 1.0))
+    torch.library.opcheck(torch.ops.sk.fused_add_rms_norm.default, (xg, rg, wg, 1e-6, 0.0))
+    torch.library.opcheck(torch.ops.sk.rms_norm_backward.default, (r, x, w, None, 1e-6, 0.0, False, True))
+    torch.library.opcheck(torch.ops.sk.rms_norm_backward.default, (r, x, w, r.clone(), 1e-6, 1.0, True, False))

@@ -1,4 +1,5 @@
 """`sk.warmup` compiles every op before capture; the benchmark report renders tables and plots from results."""
+import importlib
 import json
 
 import torch
@@ -8,13 +9,24 @@ from numerics import KERNEL_DEVICE
 from sk.bench import peers
 
 
-def test_warmup_runs_every_op_through_its_kernel():
+def test_warmup_runs_every_op_through_its_kernel(monkeypatch):
+    # A small "large problem" (3 rows at d = 32, not 32769): both block sizes, in seconds under the interpreter.
+    monkeypatch.setattr(importlib.import_module("sk.warmup"), "SMALL_PROBLEM", 64)
     with sk.coverage.strict():
         calls = sk.warmup(hidden_sizes=[64], intermediate_sizes=[32], dtypes=[torch.float32], device=KERNEL_DEVICE)
     counted = sk.coverage.report()["kernel_calls"]
     assert calls == sum(counted.values()) == 11
     assert set(counted) == {"rms_norm", "gemma_rms_norm", "fused_add_rms_norm", "gemma_fused_add_rms_norm",
                             "silu_and_mul", "gelu_and_mul"}
+
+
+def test_training_warmup_runs_every_backward_kernel_too(monkeypatch):
+    # A small "large problem" (3 rows at d = 32) keeps the interpreted run short.
+    monkeypatch.setattr(importlib.import_module("sk.warmup"), "SMALL_PROBLEM", 64)
+    with sk.coverage.strict():
+        calls = sk.warmup(hidden_sizes=[64], intermediate_sizes=[32], dtypes=[torch.float32], device=KERNEL_DEVICE,
+                          training=True)
+    assert calls == sum(sk.coverage.report()["kernel_calls"].values()) == 11 + 8 + 2 * 6
 
 
 def test_selfcheck_command_passes(capsys):

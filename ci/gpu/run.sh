@@ -6,7 +6,8 @@
 # then the ops benchmark against PyTorch and the importable peers, writing logs, JSON, Markdown and a plot
 # into OUTDIR. With QuACK's staged parts (ci/gpu/cute.sh) in $SK_CUTE_DIR (default .cute-flat),
 # fused_pre_norm_geglu runs its CuTe-DSL GEMMs.
-# Set SK_GPU_STEPS to a subset of "tests tune bench geglu" to run less.
+# Set SK_GPU_STEPS to a subset of "tests tune bench geglu training" to run less (or, for "training", more:
+# the training-ops benchmark with its launch sweep and the sk.nn.swap training run, not in the default set).
 set -uo pipefail
 out=${1:?usage: ci/gpu/run.sh OUTDIR}
 mkdir -p "$out"
@@ -34,6 +35,8 @@ for step in $steps; do
     tune)  python3 benchmarks/tune_launch.py "$out" 2>&1 | tee "$out/tune.log" ;;
     bench) sk bench --peers --out "$out" 2>&1 | tee "$out/bench.log" ;;
     geglu) [ -f benchmarks/bench_geglu.py ] && python3 benchmarks/bench_geglu.py "$out" 2>&1 | tee "$out/geglu.log" ;;
+    training) python3 benchmarks/bench_training_ops.py --sweep --out "$out/training" 2>&1 | tee "$out/training.log"
+              python3 benchmarks/train_swap.py --out "$out/training" 2>&1 | tee "$out/train_swap.log" ;;
   esac
 done
 exit $status

@@ -6,6 +6,9 @@
                                  gelu(g) = g/2 · (1 + tanh(√(2/π)·(g + 0.044715·g³)))   (approximate="tanh")
 
 Computed in fp32 and rounded once. vLLM's `GeluAndMul` defaults to erf and SGLang's to tanh; both are here.
+
+The backward is one Triton kernel as well, registered as the custom op's autograd formula: it reads x and dy and
+writes dx = [dy · u · act'(g), dy · act(g)], recomputing act(g) from the saved input (no extra forward output).
 """
 from __future__ import annotations
 
@@ -15,7 +18,6 @@ import triton.language as tl
 
 from sk import coverage
 from sk.ops._common import (
-    attach_reference_backward,
     check_float,
     check_same_device,
     refuse_autograd_of_mutating_op,
@@ -27,6 +29,8 @@ ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 # Kernels may read module globals only when they are constexpr.
 _SQRT_HALF = tl.constexpr(0.7071067811865476)
 _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
+_GELU_TANH_CUBIC = tl.constexpr(0.044715)
 
 
 # ----------------------------------------------------------------------------------------------- kernel
@@ -59,6 +63,34 @@ def _act_and_mul_kernel(x_ptr, x_stride, y_ptr, y_stride, n_rows, d, ACT: tl.con
     tl.store(y_ptr + row * y_stride + cols, (a * u).to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit(do_not_specialize=["n_rows"])
+def _act_and_mul_backward_kernel(
+    dy_ptr, dy_stride, x_ptr, x_stride, dx_ptr, dx_stride, n_rows, d, ACT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    g = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + row * x_stride + d + cols, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + row * dy_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    if ACT == "silu":
+        s = tl.sigmoid(g)
+        a = g * s
+        da = s * (1.0 + g * (1.0 - s))
+    elif ACT == "gelu":
+        cdf = 0.5 * (1.0 + _erf(g * _SQRT_HALF))
+        a = g * cdf
+        da = cdf + g * tl.exp(-0.5 * g * g) * _INV_SQRT_2PI
+    else:
+        # a = g·s with s = sigmoid(2z) = (1 + tanh z)/2, so a' = s + 2·g·s·(1 − s)·z'.
+        z = _SQRT_2_OVER_PI * (g + _GELU_TANH_CUBIC * g * g * g)
+        s = tl.sigmoid(2.0 * z)
+        a = g * s
+        da = s + 2.0 * g * s * (1.0 - s) * _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_TANH_CUBIC * g * g)
+    tl.store(dx_ptr + row * dx_stride + cols, (dy * u * da).to(dx_ptr.dtype.element_ty), mask=mask)
+    tl.store(dx_ptr + row * dx_stride + d + cols, (dy * a).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
 # Below this many outputs a launch has too few programs to fill the GPU with 2048-wide blocks (decode-sized
 # batches): smaller blocks spread it over more SMs. Swept on an H200 (benchmarks/tune_launch.py).
 SMALL_PROBLEM = 1 << 20
@@ -82,6 +114,17 @@ def launch(x2: torch.Tensor, y2: torch.Tensor, activation: str) -> None:
     )
 
 
+def _launch_backward(dy2: torch.Tensor, x2: torch.Tensor, dx2: torch.Tensor, activation: str) -> None:
+    n_rows, d = dy2.shape
+    if n_rows == 0 or d == 0:
+        return
+    block, num_warps = launch_config(n_rows, d)
+    _act_and_mul_backward_kernel[(n_rows, triton.cdiv(d, block))](
+        dy2, dy2.stride(0), x2, x2.stride(0), dx2, dx2.stride(0), n_rows, d, ACT=activation, BLOCK=block,
+        num_warps=num_warps,
+    )
+
+
 # ----------------------------------------------------------------------------------------------- reference
 
 def act_and_mul_reference(x: torch.Tensor, activation: str) -> torch.Tensor:
@@ -94,6 +137,26 @@ def act_and_mul_reference(x: torch.Tensor, activation: str) -> torch.Tensor:
     else:
         a = torch.nn.functional.gelu(g, approximate="tanh" if activation == "gelu_tanh" else "none")
     return (a * u).to(x.dtype)
+
+
+def act_and_mul_backward_reference(dy: torch.Tensor, x: torch.Tensor, activation: str) -> torch.Tensor:
+    """The backward kernel's PyTorch twin (fallback and baseline): dx of `act_and_mul_reference` at x for the
+    output gradient dy, from the derivatives' formulas in fp32 (fp64 for fp64), in x's dtype."""
+    d = x.shape[-1] // 2
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf, dyf = x.to(acc), dy.to(acc)
+    g, u = xf[..., :d], xf[..., d:]
+    if activation == "silu":
+        s = torch.sigmoid(g)
+        a, da = g * s, s * (1 + g * (1 - s))
+    elif activation == "gelu":
+        cdf = 0.5 * (1 + torch.special.erf(g * 0.7071067811865476))
+        a, da = g * cdf, cdf + g * torch.exp(-0.5 * g * g) * 0.3989422804014327
+    else:
+        c = 0.7978845608028654
+        s = torch.sigmoid(2 * c * (g + 0.044715 * g ** 3))
+        a, da = g * s, s + 2 * g * s * (1 - s) * c * (1 + 3 * 0.044715 * g * g)
+    return torch.cat([dyf * u * da, dyf * a], -1).to(x.dtype)
 
 
 # ----------------------------------------------------------------------------------------------- custom ops
@@ -128,7 +191,34 @@ def _(x, activation):
     return x.new_empty(_out_shape(x))
 
 
-attach_reference_backward(_act_and_mul_op, lambda args: _coverage_name(args[1]), act_and_mul_reference)
+
+
+@torch.library.custom_op("sk::act_and_mul_backward", mutates_args=())
+def _act_and_mul_backward_op(dy: torch.Tensor, x: torch.Tensor, activation: str) -> torch.Tensor:
+    if not coverage.decide(_coverage_name(activation), (x, dy), backward=True):
+        return act_and_mul_backward_reference(dy, x, activation).contiguous()
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _launch_backward(rows_view(dy), rows_view(x), rows_view(dx), activation)
+    return dx
+
+
+@_act_and_mul_backward_op.register_fake
+def _(dy, x, activation):
+    return x.new_empty(x.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    # Only called when a gradient is wanted: inference saves nothing.
+    x, ctx.activation = inputs
+    ctx.save_for_backward(x)
+
+
+def _backward(ctx, dy):
+    (x,) = ctx.saved_tensors
+    return _act_and_mul_backward_op(dy, x, ctx.activation), None
+
+
+_act_and_mul_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.library.custom_op("sk::act_and_mul_out", mutates_args=("out",))

@@ -6,8 +6,22 @@ With a residual, `x` is first replaced by `x + residual` rounded to the input dt
 the new residual and what gets normalized, as vLLM's and SGLang's kernels do, so the next layer sees exactly
 the residual that was normalized here. Statistics and the scaling are computed in fp32; each output is
 rounded once.
+
+The backward is a Triton kernel too (`_rms_norm_backward_kernel`), registered as the custom ops' autograd formula:
+with n = x·rstd and g = dy·(weight + offset), per row
+
+    dx = rstd · (g − n · mean(g·n))   (+ the residual output's gradient, for the fused forms)
+    dweight = Σ_rows dy · n
+
+rstd is recomputed from x in the backward rather than saved by the forward: the backward reads each row of x
+anyway, so recomputing costs no memory traffic, and the forward (inference or training) stays the one kernel it
+was. The weight gradient is reduced without atomics: each program sums its rows into an fp32 partial row, and a
+second kernel sums the partial rows in a fixed order, so it has the same bits on every run.
 """
 from __future__ import annotations
+
+import functools
+from typing import Optional
 
 import torch
 import triton
@@ -15,7 +29,6 @@ import triton.language as tl
 
 from sk import coverage
 from sk.ops._common import (
-    attach_reference_backward,
     check_float,
     check_same_device,
     check_writable,
@@ -53,6 +66,54 @@ def _rms_norm_kernel(
         tl.store(y_ptr + row * y_stride + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit(do_not_specialize=["n_rows", "eps"])
+def _rms_norm_backward_kernel(
+    dy_ptr, dy_stride, x_ptr, x_stride, w_ptr, dres_ptr, dres_stride, dx_ptr, dx_stride, dw_partial_ptr,
+    n_rows, n_cols, eps, weight_offset,
+    HAS_DRES: tl.constexpr, WEIGHT_GRAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    # A persistent grid: program p takes tiles p, p + P, p + 2P, ... of ROWS rows each, and sums its rows'
+    # dy·n into an fp32 partial row of the weight gradient (its own row of dw_partial: no atomics).
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) + weight_offset
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    n_tiles = tl.cdiv(n_rows, ROWS)
+    for tile in tl.range(pid, n_tiles, n_programs, num_stages=NUM_STAGES):  # stages > 1: next tile's loads early
+        rows = (tile * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+        mask = (rows < n_rows)[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+        n = x * rstd[:, None]
+        g = dy * w[None, :]
+        mean_gn = tl.sum(g * n, axis=1) / n_cols
+        dx = rstd[:, None] * (g - n * mean_gn[:, None])
+        if HAS_DRES:
+            dx += tl.load(dres_ptr + rows[:, None] * dres_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + rows[:, None] * dx_stride + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if WEIGHT_GRAD:
+            dw += tl.sum(dy * n, axis=0)
+    if WEIGHT_GRAD:
+        tl.store(dw_partial_ptr + pid.to(tl.int64) * n_cols + cols, dw, mask=col_mask)
+
+
+@triton.jit
+def _sum_rows_kernel(partial_ptr, out_ptr, n_partials, n_cols, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    # out[c] = Σ_p partial[p, c], the partial rows taken BLOCK_P at a time in order: the same sum every run.
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_mask = cols < n_cols
+    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    for start in range(0, n_partials, BLOCK_P):
+        p = start + tl.arange(0, BLOCK_P)
+        mask = (p < n_partials)[:, None] & col_mask[None, :]
+        acc += tl.load(partial_ptr + p[:, None].to(tl.int64) * n_cols + cols[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=col_mask)
+
+
 def _launch_config(n_cols: int) -> tuple[int, int, int]:
     """(ROWS_PER_PROGRAM, BLOCK_N, num_warps): a whole row in registers, 8 warps from 4096 wide (swept on an
     H200: benchmarks/tune_launch.py); rows narrower than 1024 share a program."""
@@ -76,6 +137,62 @@ def _launch(x2, w, y2, eps, weight_offset, res2=None, res_out2=None) -> None:
     )
 
 
+# The backward's persistent grid: this many programs per SM (a few in flight per SM hide the row reductions'
+# latency); its weight-gradient partial rows are P x N fp32, written and read once: ~1% of the traffic at
+# 32768 x 4096 bf16.
+BACKWARD_PROGRAMS_PER_SM = 4
+# Software-pipelining depth of the backward's row loop (1: none). Both are module constants so that
+# benchmarks/bench_training_ops.py --sweep can time the alternatives on a GPU.
+BACKWARD_NUM_STAGES = 1
+# Under Triton's interpreter (CPU tests) a fixed count: several programs, so the partial-row sum is exercised.
+INTERPRETED_PROGRAMS = 3
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _backward_programs(n_tiles: int, device: torch.device) -> int:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return max(1, min(n_tiles, BACKWARD_PROGRAMS_PER_SM * _sm_count(index)))
+    return max(1, min(n_tiles, INTERPRETED_PROGRAMS))
+
+
+def _backward_launch_config(n_cols: int) -> tuple[int, int, int]:
+    """(ROWS, BLOCK_N, num_warps): a whole row in registers as in the forward; narrow rows share a tile."""
+    block_n = triton.next_power_of_2(n_cols)
+    rows = max(1, min(16, 2048 // block_n))
+    num_warps = min(32, max(1, rows * block_n // 256))
+    return rows, block_n, num_warps
+
+
+def _launch_backward(dy2, x2, w, dx2, eps, weight_offset, dres2=None, dw=None) -> None:
+    """dx2 ← the input gradient; dw (when given, in the weight's dtype) ← the weight gradient."""
+    n_rows, n_cols = x2.shape
+    if n_cols == 0:
+        return
+    if n_rows == 0:
+        if dw is not None:
+            dw.zero_()
+        return
+    rows, block_n, num_warps = _backward_launch_config(n_cols)
+    programs = _backward_programs(triton.cdiv(n_rows, rows), x2.device)
+    partial = torch.empty((programs, n_cols), dtype=torch.float32, device=x2.device) if dw is not None else dx2
+    has_dres = dres2 is not None
+    _rms_norm_backward_kernel[(programs,)](
+        dy2, dy2.stride(0), x2, x2.stride(0), w, dres2 if has_dres else dy2, dres2.stride(0) if has_dres else 0,
+        dx2, dx2.stride(0), partial, n_rows, n_cols, eps, weight_offset,
+        HAS_DRES=has_dres, WEIGHT_GRAD=dw is not None, ROWS=rows, BLOCK_N=block_n, NUM_STAGES=BACKWARD_NUM_STAGES,
+        num_warps=num_warps,
+    )
+    if dw is not None:
+        block_c = min(1024, triton.next_power_of_2(n_cols))
+        _sum_rows_kernel[(triton.cdiv(n_cols, block_c),)](
+            partial, dw, programs, n_cols, BLOCK_P=8, BLOCK_C=block_c, num_warps=max(1, min(8, block_c // 128)))
+
+
 # ----------------------------------------------------------------------------------------------- references
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
@@ -90,6 +207,26 @@ def fused_add_rms_norm_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     residual_out = (x.float() + residual.float()).to(x.dtype) if x.dtype != torch.float64 else x + residual
     return rms_norm_reference(residual_out, weight, eps, weight_offset), residual_out
+
+
+def rms_norm_backward_reference(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0,
+    residual_grad: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward kernel's PyTorch twin (fallback and baseline): (dx, dweight) of `rms_norm_reference` at x for
+    the output gradient dy, plus `residual_grad` (the fused forms' gradient of their residual output) in dx.
+    Computed in fp32 (fp64 for fp64); dx in x's dtype, dweight in the weight's."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf, dyf = x.to(acc), dy.to(acc)
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    n = xf * rstd
+    g = dyf * (weight.to(acc) + weight_offset)
+    dx = rstd * (g - n * (g * n).mean(-1, keepdim=True))
+    if residual_grad is not None:
+        dx = dx + residual_grad.to(acc)
+    dw = dyf * n
+    dw = dw.sum(tuple(range(x.dim() - 1))) if x.dim() > 1 else dw
+    return dx.to(x.dtype), dw.to(weight.dtype)
 
 
 # ----------------------------------------------------------------------------------------------- custom ops
@@ -117,7 +254,47 @@ def _(x, weight, eps, weight_offset):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-attach_reference_backward(_rms_norm_op, lambda args: _coverage_name("rms_norm", args[3]), rms_norm_reference)
+
+
+@torch.library.custom_op("sk::rms_norm_backward", mutates_args=())
+def _rms_norm_backward_op(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, residual_grad: Optional[torch.Tensor], eps: float,
+    weight_offset: float, fused: bool, weight_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dweight) of the norms; `x` is what was normalized (the fused forms' residual output) and
+    `residual_grad` the gradient of that residual output. dweight is empty unless `weight_grad`."""
+    name = _coverage_name("fused_add_rms_norm" if fused else "rms_norm", weight_offset)
+    tensors = (x, dy, weight) if residual_grad is None else (x, dy, residual_grad, weight)
+    if not coverage.decide(name, tensors, shape_miss=_shape_miss(name, x.shape[-1]), backward=True):
+        dx, dw = rms_norm_backward_reference(dy, x, weight, eps, weight_offset, residual_grad)
+        return dx.contiguous(), dw if weight_grad else weight.new_empty(0)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dw = torch.empty(weight.shape if weight_grad else 0, dtype=weight.dtype, device=weight.device)
+    _launch_backward(rows_view(dy), rows_view(x), weight, rows_view(dx), eps, weight_offset,
+                     None if residual_grad is None else rows_view(residual_grad), dw if weight_grad else None)
+    return dx, dw
+
+
+@_rms_norm_backward_op.register_fake
+def _(dy, x, weight, residual_grad, eps, weight_offset, fused, weight_grad):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape if weight_grad else 0)
+
+
+def _rms_norm_setup_context(ctx, inputs, output):
+    # Only called when a gradient is wanted (torch runs the op without autograd state otherwise): inference
+    # saves nothing. rstd is recomputed from x in the backward, where x is read anyway.
+    x, weight, ctx.eps, ctx.weight_offset = inputs
+    ctx.save_for_backward(x, weight)
+
+
+def _rms_norm_backward(ctx, dy):
+    x, weight = ctx.saved_tensors
+    need_x, need_w = ctx.needs_input_grad[:2]
+    dx, dw = _rms_norm_backward_op(dy, x, weight, None, ctx.eps, ctx.weight_offset, False, need_w)
+    return dx if need_x else None, dw if need_w else None, None, None
+
+
+_rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_context)
 
 
 @torch.library.custom_op("sk::fused_add_rms_norm", mutates_args=())
@@ -139,8 +316,25 @@ def _(x, residual, weight, eps, weight_offset):
         x, memory_format=torch.contiguous_format)
 
 
-attach_reference_backward(
-    _fused_add_rms_norm_op, lambda args: _coverage_name("fused_add_rms_norm", args[4]), fused_add_rms_norm_reference)
+
+
+def _fused_add_rms_norm_setup_context(ctx, inputs, output):
+    # The backward needs what was normalized, h = x + residual: the residual output, kept alive by the model
+    # anyway. Gradients flow through the rounding of h to the dtype as through an identity (as autograd of
+    # the reference has it).
+    _, _, weight, ctx.eps, ctx.weight_offset = inputs
+    ctx.save_for_backward(output[1], weight)
+
+
+def _fused_add_rms_norm_backward(ctx, dy, dh):
+    h, weight = ctx.saved_tensors
+    need_x, need_r, need_w = ctx.needs_input_grad[:3]
+    dx, dw = _rms_norm_backward_op(dy, h, weight, dh, ctx.eps, ctx.weight_offset, True, need_w)
+    # d/dx and d/dresidual of h = x + residual are the same tensor, as torch's add gives both.
+    return dx if need_x else None, dx if need_r else None, dw if need_w else None, None, None
+
+
+_fused_add_rms_norm_op.register_autograd(_fused_add_rms_norm_backward, setup_context=_fused_add_rms_norm_setup_context)
 
 
 @torch.library.custom_op("sk::fused_add_rms_norm_", mutates_args=("x", "residual"))
