@@ -1,7 +1,8 @@
-"""fused_pre_norm_geglu's GEMMs through QuACK's CuTe-DSL kernels (sk_core/ops/gated_mlp/quack_gemms.py, chosen by sk_core/ops/gated_mlp/quack_backend.py): on an
-SM90 GPU with QuACK installed (ci/gpu/cute.sh), inference on folded weights in the seed and prefill
-classes must run them, match fp64 math at odd shapes, dtypes, both GELUs and without biases, and replay from a
-CUDA graph; everywhere else the Triton GEMMs run."""
+"""fused_pre_norm_geglu's GEMMs through QuACK's CuTe-DSL kernels (sk_core/ops/gated_mlp/quack_gemms.py, admitted
+by sk_core/ops/gated_mlp/quack_backend.py): on an SM90 GPU with QuACK installed (ci/gpu/cute.sh), inference on
+folded weights in the seed and prefill classes must run them, match fp64 math at odd shapes, dtypes, both GELUs
+and without biases, and replay from a CUDA graph; everywhere else, and with a QuACK of another version or
+structure (said once, in a warning naming it), the Triton GEMMs run."""
 import importlib
 import os
 import subprocess
@@ -23,6 +24,51 @@ needs_cute = pytest.mark.skipif(CUTE is None, reason="needs an SM90 GPU with QuA
 
 def test_cpu_tensors_never_take_the_cute_gemms():
     assert quack_backend.available(torch.device("cpu")) is None
+
+
+def _fake_quack(monkeypatch, version):
+    import importlib.machinery
+    import types
+
+    fake = types.ModuleType("quack")
+    fake.__version__, fake.__spec__ = version, importlib.machinery.ModuleSpec("quack", None)
+    monkeypatch.setitem(sys.modules, "quack", fake)
+
+
+def test_an_unknown_quack_version_runs_the_triton_gemms_and_says_so(monkeypatch):
+    _fake_quack(monkeypatch, "0.7.0")
+    with pytest.warns(RuntimeWarning, match=r"QuACK 0\.7\.0 not used, running the Triton GEMMs.*0\.6\.5"):
+        module, status = quack_backend.check_installed()
+    assert module is None and "0.7.0" in status
+
+
+def test_a_quack_missing_the_internals_we_use_runs_the_triton_gemms_and_says_so(monkeypatch):
+    _fake_quack(monkeypatch, quack_backend.SUPPORTED_QUACK[0])
+    with pytest.warns(RuntimeWarning, match=r"not used, running the Triton GEMMs: .*quack\.epilogue\.frontend"):
+        module, status = quack_backend.check_installed()
+    assert module is None and "quack.gemm_interface" in status
+
+
+def test_no_quack_installed_is_said_without_a_warning(monkeypatch):
+    monkeypatch.setitem(sys.modules, "quack", None)  # find_spec: as if not installed
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module, status = quack_backend.check_installed()
+    assert module is None and "not installed" in status
+
+
+@pytest.mark.gpu
+@needs_cute
+def test_gpu_quack_is_patched_only_while_our_gemms_trace(tmp_path):
+    """Tracing a row-statistics gate/up GEMM (compiled afresh) wraps `cute.arch.setmaxregister_decrease` for the
+    trace only: before and after, every other QuACK or CuTe-DSL kernel sees the DSL's own function."""
+    row_stats = 'row_stats=(CUTE.row_stats_counters(x.device), 1e-5))'
+    code = _GATE_UP_PTX.replace('"none", "small")', f'"none", "small", {row_stats}')
+    code = ("import cutlass.cute as cute\nbefore = cute.arch.setmaxregister_decrease\n" + code
+            + "assert cute.arch.setmaxregister_decrease is before, cute.arch.setmaxregister_decrease\n")
+    env = dict(os.environ, QUACK_CACHE_ENABLED="0")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
 
 
 @pytest.fixture

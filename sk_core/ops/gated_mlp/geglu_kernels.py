@@ -498,9 +498,10 @@ def quack_gemms_for(device: torch.device, m: int, d: int, ff: int, folded: bool)
 def forward_kernels(x2, ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps, approximate, save_for_backward,
                     configs: tuple[GemmConfig, GemmConfig] | None = None, fold: torch.Tensor | None = None):
     """Run the three forward kernels. Returns (y, stats, xn, gu); xn and gu are empty unless saving.
-    With `fold` (from `geglu.folded_gate_up` / `geglu.fold`; inference only, not with save_for_backward), wg is the folded gate/up
-    weight that comes with it (rows interleaved) and wu is None; then, without explicit `configs`, QuACK's
-    GEMMs take the gate/up and down products where they run (`quack_gemms_for`).
+    With `fold` (from `geglu.folded_gate_up` / `geglu.fold_gate_up`; inference only, not with
+    save_for_backward), wg is the folded gate/up weight that comes with it (rows interleaved) and wu is None;
+    then, without explicit `configs`, QuACK's GEMMs take the gate/up and down products where they run
+    (`quack_gemms_for`).
     A documented-internal entry point: no argument checks, no coverage decision."""
     m, d = x2.shape
     ff = wd.shape[1]

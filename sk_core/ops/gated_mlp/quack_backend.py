@@ -13,6 +13,8 @@ never a QuACK kernel half-fitted to a version it was not written for — and tha
 ordinary case: no warning, `status()` says so.
 
 Nothing of QuACK is imported until `available` is asked about an SM90 device.
+
+Internal, for tests: `check_installed`, `SUPPORTED_QUACK`, `REQUIRED`.
 """
 from __future__ import annotations
 
@@ -73,8 +75,10 @@ def _missing_structure() -> list[str]:
     return problems
 
 
-def _decide():
-    """(module or None, status line); warns where an installed QuACK is refused."""
+def check_installed():
+    """(the `quack_gemms` module or None, a status line), decided afresh (`available` decides once per process
+    and keeps it); warns (RuntimeWarning, naming the version and what is missing) where an installed QuACK is
+    refused."""
     if importlib.util.find_spec("quack") is None:
         return None, "QuACK not installed (pip install standardkernels[cute]): Triton GEMMs"
     try:
@@ -108,5 +112,5 @@ def available(device: torch.device):
 def _decision():
     global _decided
     if _decided is None:
-        _decided = _decide()
+        _decided = check_installed()
     return _decided
