@@ -167,7 +167,7 @@ def test_interpreted_backward_of_a_sum_reads_the_expanded_gradient_densely(gemms
 @needs_interpreter
 def test_interpreted_inference_statistics_with_a_large_mean():
     """Inference with mean/std = 1000: the statistics pass stays exact (two passes), the folded GEMM's error
-    grows with mean/std (see `_folded_gate_up`): here about 1e-4 on fp32."""
+    grows with mean/std (see `geglu.folded_gate_up`): here about 1e-4 on fp32."""
     m, d, ff = 7, 40, 56
     params = make_params(d, ff)
     x = make_x(m, d, torch.float32) + 1000.0
@@ -555,7 +555,7 @@ def test_gpu_backward_bf16(m, d, ff, approximate, gemms, settings_override):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mean", [3.0, 20.0])
 def test_gpu_inference_with_large_row_means(mean):
-    """Inference folds γ into the weights and subtracts μ·Σ_k W' after the GEMM (see `_folded_gate_up`): its
+    """Inference folds γ into the weights and subtracts μ·Σ_k W' after the GEMM (see `geglu.folded_gate_up`): its
     fp32 accumulation error grows with |μ|/σ; at 20 it must still meet the bf16 bounds."""
     m, d, ff = 1024, 768, 1448
     params = make_params(d, ff, device="cuda")

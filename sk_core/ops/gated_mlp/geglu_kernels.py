@@ -44,6 +44,10 @@ Internal, for benchmarks and tests (no argument checks, no coverage decisions): 
 `quack_gemms_for`, and the kernel objects
 `ln_stats_kernel`, `gate_up_kernel`, `down_kernel`, `geglu_backward_kernel`, `ln_backward_kernel` (the
 launchers launch whatever these names hold, so a test or the host-path benchmark may replace one).
+
+The kernels' source is as it was in the op's module before the family package (their
+comments' `_pdl_on` and `_folded_gate_up` are now `pdl_on` and `geglu.folded_gate_up`): editing a kernel's text
+changes its compile-cache key, so it was moved, not touched.
 """
 from __future__ import annotations
 
