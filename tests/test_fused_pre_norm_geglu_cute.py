@@ -4,6 +4,7 @@ folded weights in the seed and prefill classes must run them, match fp64 math at
 and without biases, and replay from a CUDA graph; everywhere else, and with a QuACK of another version or
 structure (said once, in a warning naming it), the Triton GEMMs run."""
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -24,6 +25,16 @@ needs_cute = pytest.mark.skipif(CUTE is None, reason="needs an SM90 GPU with QuA
 
 def test_cpu_tensors_never_take_the_cute_gemms():
     assert quack_backend.available(torch.device("cpu")) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
+                    or importlib.util.find_spec("quack") is None, reason="needs an SM90 GPU with QuACK installed")
+def test_gpu_the_pinned_quack_is_admitted():
+    """Where QuACK is installed as pinned (ci/gpu/cute.sh), the version and structure check admits it: the tests
+    of this file then run rather than skip."""
+    assert CUTE is not None, quack_backend.status()
+    assert quack_backend.status().startswith(f"QuACK {quack_backend.SUPPORTED_QUACK[0]}:"), quack_backend.status()
 
 
 def _fake_quack(monkeypatch, version):
