@@ -42,6 +42,7 @@ from sk.bench.timing import copy_bandwidth_tbps, environment, graph_time_us, sid
 from sk.ops.gated_mlp import gated_mlp_reference
 from sk.ops.gated_mlp import triton_kernels as tk
 from sk.ops.gated_mlp import weights
+from sk.ops.gated_mlp.common import next_power_of_2
 
 # name: (d_model, d_ff, norm, activation)
 SHAPES = {
@@ -251,7 +252,7 @@ def candidates(m: int) -> dict[str, list[tk.GemmConfig]]:
     """Candidate (gate_up, down) configs for m rows (before fitting); shared memory within the limit."""
     G = tk.GemmConfig
     if m <= 32:
-        bm = max(16, tk._next_power_of_2(m))
+        bm = max(16, next_power_of_2(m))
         gate_up = [G(bm, bn, bk, 4, st, swap_ab=True, dependent_launch=dl, stats_in_loop=sil)
                    for bn, bk, st, dl, sil in itertools.product((64, 128, 256), (64, 128, 256), (3, 4, 6),
                                                                 ("at_start", "after_stores", "none"), (False, True))

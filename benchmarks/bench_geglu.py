@@ -6,7 +6,7 @@ at the seed shape against eager. bf16; µs per call, medians.
 
 Writes OUT_DIR/bench_geglu.json and OUT_DIR/bench_geglu.md (GPU, versions, date). `--sweep` also times
 candidate tile configs of our two GEMM kernels per shape (bench_geglu_sweep.json): how the configs in
-`sk_core/ops/fused_pre_norm_geglu.py` were chosen. `--profile` adds profile_geglu.md/.json: per call, each GPU
+`sk_core/ops/gated_mlp/geglu_kernels.py` were chosen. `--profile` adds profile_geglu.md/.json: per call, each GPU
 kernel's time (ours and eager, per shape) and, for the training step, the host-side ops by self time (the step
 is host-bound at the seed shape).
 """
@@ -29,7 +29,8 @@ import torch
 import sk
 from sk.bench.timing import environment, graph_time_us, profile_per_step, side_by_side_us
 
-geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
+geglu = importlib.import_module("sk.ops.gated_mlp.geglu")
+gk = importlib.import_module("sk.ops.gated_mlp.geglu_kernels")
 step_graphs = importlib.import_module("sk.ops._step_graphs")
 
 SHAPES = {"seed": (1024, 768, 1448), "prefill": (8192, 2048, 16384), "decode": (32, 2048, 16384)}
@@ -133,8 +134,8 @@ def bench_inference(name, m, d, ff, with_compile):
         row["rel_err_eager_bf16_vs_fp64"] = rel_err(eager()[rows], ref64)
         unfolded = switched_off(ours, "geglu_fold_ln")
         row["rel_err_ours_unfolded_vs_fp64"] = rel_err(unfolded()[rows], ref64)
-        row["gate_up_config"], row["down_config"] = [dataclasses.asdict(c) for c in geglu.choose_configs(m, d, ff)]
-        row["gemms"] = "cute" if geglu._cute_gemms_for(x.device, m, d, ff, sk.settings.get("geglu_fold_ln")) else "triton"
+        row["gate_up_config"], row["down_config"] = [dataclasses.asdict(c) for c in gk.choose_configs(m, d, ff)]
+        row["gemms"] = "cute" if gk.quack_gemms_for(x.device, m, d, ff, sk.settings.get("geglu_fold_ln")) else "triton"
         triton_gemms = switched_off(ours, "geglu_cute")
         row["rel_err_ours_triton_gemms_vs_fp64"] = rel_err(triton_gemms()[rows], ref64)
         def failed(variant, e):  # reported and left as NaN in the table, never silently missing
@@ -240,13 +241,13 @@ SWEEP = {
 }
 
 
-def candidate_config(candidate: tuple) -> "geglu.GemmConfig":
+def candidate_config(candidate: tuple) -> "gk.GemmConfig":
     """The GemmConfig of a SWEEP entry."""
     bm, bn, bk, warps, stages, *rest = candidate
 
     def numbered(letter, default):  # "p1" -> 1 for letter "p"
         return next((int(r[1:]) for r in rest if isinstance(r, str) and r.startswith(letter)), default)
-    return geglu.GemmConfig(bm, bn, bk, warps, stages, group_m=numbered("g", 8),
+    return gk.GemmConfig(bm, bn, bk, warps, stages, group_m=numbered("g", 8),
                             split_k=next((r for r in rest if isinstance(r, int)), 1), swap_ab="swap" in rest,
                             programs_per_sm=numbered("p", 0), tma_store="tma" in rest)
 
@@ -259,13 +260,13 @@ def sweep(shape_name, m, d, ff, kinds=("gate_up", "down", "dependent_launch")):
     block = block.to(torch.bfloat16)
     ln_w, ln_b, wg, bg, wu, bu, wd, bd, eps = op_args(block)
     # As inference runs the op: the LayerNorm scale folded into the gate/up weights (unless SK_GEGLU_FOLD_LN=0).
-    folded = geglu._folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, x.dtype) if sk.settings.get("geglu_fold_ln") else None
-    base_gu, base_down = geglu.choose_configs(m, d, ff, "folded" if folded is not None else "prologue")
+    folded = geglu.folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, x.dtype) if sk.settings.get("geglu_fold_ln") else None
+    base_gu, base_down = gk.choose_configs(m, d, ff, "folded" if folded is not None else "prologue")
     gate_up_weights = (wg, wu, None) if folded is None else (folded[0], None, folded[1])
 
     def run(gu_cfg, down_cfg):
         fwg, fwu, fold = gate_up_weights
-        return lambda: geglu._forward_kernels(x, ln_w, ln_b, fwg, bg, fwu, bu, wd, bd, eps, "none", False,
+        return lambda: gk.forward_kernels(x, ln_w, ln_b, fwg, bg, fwu, bu, wd, bd, eps, "none", False,
                                               (gu_cfg, down_cfg), fold=fold)
     results = {kind: [] for kind in kinds}
     for kind in kinds:
@@ -292,8 +293,8 @@ def compiled_kernels_report():
     specialization of our kernels."""
     lines = []
     try:  # Triton's cache layout is internal: report what it gives, never fail the benchmark over it
-        for name in ("_gate_up_kernel", "_down_kernel"):
-            kernel_cache = getattr(geglu, name).device_caches[torch.cuda.current_device()][0]
+        for name in ("gate_up_kernel", "down_kernel"):
+            kernel_cache = getattr(gk, name).device_caches[torch.cuda.current_device()][0]
             for compiled in kernel_cache.values():
                 compiled._init_handles()
                 c = compiled.metadata
@@ -457,17 +458,17 @@ def main(argv=None):
                 print(f"sweep best [{name}] {kind}: {best}", flush=True)
                 if args.use_sweep_best:
                     # the table the sweep timed: the folded gate/up kernel's, or (SK_GEGLU_FOLD_LN=0) the prologue's
-                    table = (geglu.DOWN_CONFIGS if kind == "down" else
-                             geglu.GATE_UP_CONFIGS if sk.settings.get("geglu_fold_ln") else geglu.PROLOGUE_GATE_UP_CONFIGS)
-                    cls = geglu.shape_class(*SHAPES[name])
-                    best_cfg = geglu.GemmConfig(**best["config"])
+                    table = (gk.DOWN_CONFIGS if kind == "down" else
+                             gk.GATE_UP_CONFIGS if sk.settings.get("geglu_fold_ln") else gk.PROLOGUE_GATE_UP_CONFIGS)
+                    cls = gk.shape_class(*SHAPES[name])
+                    best_cfg = gk.GemmConfig(**best["config"])
                     # Tiles and launch mode are swept apart: each kind replaces only what it varied.
                     table[cls] = (dataclasses.replace(table[cls], dependent_launch=best_cfg.dependent_launch)
                                   if kind == "dependent_launch" else
                                   dataclasses.replace(best_cfg, dependent_launch=table[cls].dependent_launch))
-                    geglu.choose_configs.cache_clear()
-        meta["configs"] = {"gate_up": {k: dataclasses.asdict(v) for k, v in geglu.GATE_UP_CONFIGS.items()},
-                           "down": {k: dataclasses.asdict(v) for k, v in geglu.DOWN_CONFIGS.items()}}
+                    gk.choose_configs.cache_clear()
+        meta["configs"] = {"gate_up": {k: dataclasses.asdict(v) for k, v in gk.GATE_UP_CONFIGS.items()},
+                           "down": {k: dataclasses.asdict(v) for k, v in gk.DOWN_CONFIGS.items()}}
     def save(rows, train):  # after every step, so that a run cut short still leaves what it measured
         with open(os.path.join(args.out_dir, "bench_geglu.json"), "w") as f:
             json.dump({"meta": meta, "inference": rows, "training": train}, f, indent=1)

@@ -16,6 +16,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from sk.ops.gated_mlp import triton_kernels as tk
+from sk.ops.gated_mlp.common import align, cdiv
 
 SM90 = GPUTarget("cuda", 90, 32)
 SHAPES = [(1, 4096, 14336), (32, 2048, 8192), (128, 4096, 14336), (1024, 3584, 14336), (8192, 4096, 14336)]
@@ -32,18 +33,18 @@ def compile_kernel(kind, c, d, ff, *, residual=True, layer=False):
                      "arrivals_ptr": "*i32", "n_rows": "i32", "d": "i32", "ff": "i32", "eps": "fp32",
                      "n_arrivals": "i32"}
         in_loop = c.stats_in_loop and not residual
-        constexprs = dict(D_ALIGN=tk._align(d), FF_ALIGN=tk._align(ff), K_BLOCKS=tk._cdiv(d, c.block_k), LAYER=layer,
+        constexprs = dict(D_ALIGN=align(d), FF_ALIGN=align(ff), K_BLOCKS=cdiv(d, c.block_k), LAYER=layer,
                           HAS_SHIFT=True, ACT="silu", SWAP_AB=c.swap_ab, STATS_IN_LOOP=in_loop,
                           PDL=c.dependent_launch != "none", WAIT_FIRST=in_loop or residual,
                           DOWN_AT_START=c.dependent_launch == "at_start", ARRIVALS_BLOCK=16)
-        fn = tk._gate_up_kernel
+        fn = tk.gate_up_kernel
     else:
         signature = {"a_desc": _desc(c.block_m, c.block_k), "wd_desc": _desc(c.block_n, c.block_k), "bd_ptr": "*bf16",
                      "y_desc": _desc(c.block_m, c.block_n), "partial_ptr": "*fp32", "arrivals_ptr": "*i32",
                      "n_rows": "i32", "d": "i32"}
-        constexprs = dict(K_BLOCKS_PER_SPLIT=tk._cdiv(tk._cdiv(ff, c.block_k), c.split_k), HAS_BIAS=True,
+        constexprs = dict(K_BLOCKS_PER_SPLIT=cdiv(cdiv(ff, c.block_k), c.split_k), HAS_BIAS=True,
                           SPLIT_K=c.split_k, SWAP_AB=c.swap_ab, PDL=True)
-        fn = tk._down_kernel
+        fn = tk.down_kernel
     constexprs.update(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=SM90,
                           options={"num_warps": c.num_warps, "num_stages": c.num_stages})

@@ -25,7 +25,8 @@ from triton.compiler import ASTSource
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_geglu import SHAPES, SWEEP, candidate_config  # noqa: E402
 
-geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
+gk = importlib.import_module("sk.ops.gated_mlp.geglu_kernels")
+common = importlib.import_module("sk.ops.gated_mlp.common")
 SM90 = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
@@ -34,11 +35,11 @@ def _desc(rows, cols):
     return f"tensordesc<bf16[{rows}, {cols}]>"
 
 
-def compile_kernel(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool = False):
+def compile_kernel(kind: str, c: "gk.GemmConfig", d: int, ff: int, fold: bool = False):
     """The compiled sm90 kernel (`.asm` holds its TTGIR, PTX, cubin). `fold`: the gate/up kernel's inference
     variant (LayerNorm scale folded into the weights, a plain GEMM)."""
     if kind == "gate_up":
-        fn = geglu._gate_up_kernel
+        fn = gk.gate_up_kernel
         weight_rows = 2 * c.block_n if fold else c.block_n  # folded: gate and up rows interleaved in one tile
         signature = {"x_desc": _desc(c.block_m, c.block_k), "stats_ptr": "*fp32", "ln_w_ptr": "*fp32",
                      "ln_b_ptr": "*fp32", "wg_desc": _desc(weight_rows, c.block_k),
@@ -46,17 +47,17 @@ def compile_kernel(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool
                      "fold_ptr": "*fp32", "h_ptr": "*bf16",
                      "h_desc": _desc(c.block_m, c.block_n) if c.tma_store else "*bf16", "gu_ptr": "*bf16",
                      "n_rows": "i32", "d": "i32", "ff": "i32"}
-        constexprs = dict(FF_ALIGN=geglu._align(ff), K_BLOCKS=geglu._cdiv(d, c.block_k), FOLD_LN=fold,
+        constexprs = dict(FF_ALIGN=common.align(ff), K_BLOCKS=common.cdiv(d, c.block_k), FOLD_LN=fold,
                           HAS_LN_BIAS=True, HAS_GATE_BIAS=True, HAS_UP_BIAS=True, STORE_PREACT=not fold,
                           APPROX_TANH=False, SWAP_AB=c.swap_ab and fold, PDL=c.dependent_launch != "none",
                           DOWN_AT_START=c.dependent_launch == "at_start", PERSISTENT=c.programs_per_sm > 0,
                           TMA_STORE=c.tma_store)
     else:
-        fn = geglu._down_kernel
+        fn = gk.down_kernel
         signature = {"h_desc": _desc(c.block_m, c.block_k), "wd_desc": _desc(c.block_n, c.block_k),
                      "bd_ptr": "*fp32", "x_desc": _desc(c.block_m, c.block_n), "y_desc": _desc(c.block_m, c.block_n),
                      "partial_ptr": "*fp32", "arrivals_ptr": "*i32", "n_rows": "i32", "d": "i32"}
-        constexprs = dict(K_BLOCKS_PER_SPLIT=geglu._cdiv(geglu._cdiv(ff, c.block_k), c.split_k), HAS_BIAS=True,
+        constexprs = dict(K_BLOCKS_PER_SPLIT=common.cdiv(common.cdiv(ff, c.block_k), c.split_k), HAS_BIAS=True,
                           SPLIT_K=c.split_k, SWAP_AB=c.swap_ab,
                           PDL=True)  # as after a dependent-launch gate/up (decode's, and training's but at prefill)
     constexprs.update(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
@@ -73,7 +74,7 @@ def resource_usage(kernel) -> str:
     return " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage))
 
 
-def compile_report(kind: str, c: "geglu.GemmConfig", d: int, ff: int, fold: bool = False) -> str:
+def compile_report(kind: str, c: "gk.GemmConfig", d: int, ff: int, fold: bool = False) -> str:
     kernel = compile_kernel(kind, c, d, ff, fold)
     ptx = kernel.asm["ptx"]
     return (f"shared={kernel.metadata.shared} {resource_usage(kernel)} wgmma={'wgmma' in ptx} "
@@ -84,9 +85,9 @@ def ln_backward_report(m: int, d: int) -> str:
     """The LayerNorm backward kernel (training) as the op launches it for m rows of d_model d."""
     signature = {"dxn_ptr": "*bf16", "x_ptr": "*bf16", "dy_ptr": "*bf16", "stats_ptr": "*fp32", "ln_w_ptr": "*fp32",
                  "dx_ptr": "*bf16", "partial_ptr": "*fp32", "n_rows": "i32", "d": "i32"}
-    _, meta = geglu.ln_backward_launch(m, d)
+    _, meta = gk.ln_backward_launch(m, d)
     num_warps = meta.pop("num_warps")
-    kernel = triton.compile(ASTSource(fn=geglu._ln_backward_kernel, signature=signature, constexprs=meta),
+    kernel = triton.compile(ASTSource(fn=gk.ln_backward_kernel, signature=signature, constexprs=meta),
                             target=SM90, options={"num_warps": num_warps})
     return f"warps={num_warps} shared={kernel.metadata.shared} {resource_usage(kernel)}"
 
@@ -100,9 +101,9 @@ def main(argv=None):
     print(f"[d_model 8192, the covered maximum] ln_backward: {ln_backward_report(1024, 8192)}", flush=True)
     for name, (m, d, ff) in SHAPES.items():
         # (kind, variant, whether the gate/up kernel is the folded inference one, configs to compile)
-        gate_up, down = geglu.choose_configs(m, d, ff)
+        gate_up, down = gk.choose_configs(m, d, ff)
         runs = [("gate_up", " inference (folded)", True, [gate_up]),
-                ("gate_up", " training", False, [geglu.choose_configs(m, d, ff, "training")[0]]),
+                ("gate_up", " training", False, [gk.choose_configs(m, d, ff, "training")[0]]),
                 ("down", "", False, [down])]
         for kind, variant, fold, candidates in runs:
             if args.sweep and variant != " training":  # the sweep times inference

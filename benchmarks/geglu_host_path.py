@@ -23,7 +23,8 @@ if os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available():
 
 import sk  # noqa: E402
 
-geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
+gk = importlib.import_module("sk.ops.gated_mlp.geglu_kernels")
+common = importlib.import_module("sk.ops.gated_mlp.common")
 
 
 class _Stub:
@@ -45,10 +46,9 @@ def per_call_us(fn, calls=2000, repeats=7):
 
 
 def main():
-    for name in ("_ln_stats_kernel", "_gate_up_kernel", "_down_kernel", "_geglu_backward_kernel",
-                 "_ln_backward_kernel"):
-        setattr(geglu, name, _Stub())
-    geglu.CHECK_DESCRIPTORS = False  # as on the GPU (the interpreter turns the checks on)
+    for name in ("ln_stats_kernel", "gate_up_kernel", "down_kernel", "geglu_backward_kernel", "ln_backward_kernel"):
+        setattr(gk, name, _Stub())
+    common.CHECK_DESCRIPTORS = False  # as on the GPU (the interpreter turns the checks on)
     for name in ("empty", "empty_like"):  # zeroed, not garbage: the stubs write nothing, and NaN or denormal
         allocate = getattr(torch, name)      # bits make the backward's CPU GEMMs a hundred times slower
 

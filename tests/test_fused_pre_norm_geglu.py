@@ -17,7 +17,8 @@ import torch.nn.functional as F
 import sk
 from numerics import KERNEL_DEVICE, rel_err
 
-geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
+geglu = importlib.import_module("sk.ops.gated_mlp.geglu")
+gk = importlib.import_module("sk.ops.gated_mlp.geglu_kernels")
 INTERPRETED_CPU = KERNEL_DEVICE == "cpu" and sk.settings.get("triton_interpret")
 needs_interpreter = pytest.mark.skipif(not INTERPRETED_CPU, reason="needs TRITON_INTERPRET=1 on a CPU-only machine")
 EPS = 1e-5
@@ -69,7 +70,7 @@ def grads_of(fn, x, params, dy):
 
 # ----------------------------------------------------------------------------------------------- interpreter (CPU)
 
-SMALL = geglu.GemmConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
+SMALL = gk.GemmConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
 
 
 @pytest.fixture
@@ -104,10 +105,10 @@ def test_interpreted_kernels_match_fp64(dtype, m, d, ff, split_k, bias, approxim
     tile = dataclasses.replace(SMALL, **launch)
     configs = (tile.fitted(m, ff, d), dataclasses.replace(tile.fitted(m, d, ff), split_k=split_k))
     args = list(params)
-    folded = geglu._fold(*params[:6], dtype) if fold else None
+    folded = geglu.fold_gate_up(*params[:6], dtype) if fold else None
     if fold:  # a rounding of γ⊙W instead of the normalized activation's: the same tolerances hold
         args[2], args[4] = folded[0], None
-    y, stats, xn, gu = geglu._forward_kernels(x, *args, EPS, approximate, not fold, configs,
+    y, stats, xn, gu = gk.forward_kernels(x, *args, EPS, approximate, not fold, configs,
                                               fold=folded[1] if fold else None)
     assert y.dtype == dtype and y.shape == (m, d)
     assert rel_err(y, fp64_block(x, *params, approximate=approximate)) < TOL[dtype]
@@ -166,12 +167,12 @@ def test_interpreted_backward_of_a_sum_reads_the_expanded_gradient_densely(gemms
 @needs_interpreter
 def test_interpreted_inference_statistics_with_a_large_mean():
     """Inference with mean/std = 1000: the statistics pass stays exact (two passes), the folded GEMM's error
-    grows with mean/std (see `_folded_gate_up`): here about 1e-4 on fp32."""
+    grows with mean/std (see `geglu.folded_gate_up`): here about 1e-4 on fp32."""
     m, d, ff = 7, 40, 56
     params = make_params(d, ff)
     x = make_x(m, d, torch.float32) + 1000.0
-    w_gate_up, fold = geglu._fold(*params[:6], torch.float32)
-    y, stats, _, _ = geglu._forward_kernels(x, params[0], params[1], w_gate_up, params[3], None, params[5], params[6],
+    w_gate_up, fold = geglu.fold_gate_up(*params[:6], torch.float32)
+    y, stats, _, _ = gk.forward_kernels(x, params[0], params[1], w_gate_up, params[3], None, params[5], params[6],
                                             params[7], EPS, "none", False, (SMALL, SMALL), fold=fold)
     x64 = x.double()
     assert rel_err(stats[0], x64.mean(-1)) < 1e-7
@@ -185,7 +186,7 @@ def test_interpreted_inference_statistics_with_a_large_mean():
 def test_interpreted_layer_norm_backward_matches_fp64(dtype, m, d, programs, monkeypatch, poisoned_outputs):
     """dx (with the residual's dy), the LayerNorm weight and bias grads and the down bias grad (the sum of dy);
     few programs make each loop over several row blocks, as large M does on the GPU."""
-    monkeypatch.setattr(geglu, "LN_BACKWARD_PROGRAMS", programs)
+    monkeypatch.setattr(gk, "LN_BACKWARD_PROGRAMS", programs)
     gen = torch.Generator().manual_seed(m)
     x, dxn, dy = ((torch.randn(m, d, generator=gen) + 0.3).to(dtype) for _ in range(3))
     ln_w = 1 + 0.2 * torch.randn(d, generator=gen)
@@ -193,7 +194,7 @@ def test_interpreted_layer_norm_backward_matches_fp64(dtype, m, d, programs, mon
     mean, var = x64.mean(-1), x64.var(-1, unbiased=False)
     stats = torch.stack([mean, torch.rsqrt(var + EPS)]).float()
     with sk.coverage.strict():
-        dx, d_ln = geglu._ln_backward(dxn, x, dy, stats, ln_w, 64)
+        dx, d_ln = geglu.ln_backward(dxn, x, dy, stats, ln_w, 64)
     leaf = x64.clone().requires_grad_()
     w64, b64 = ln_w.double().requires_grad_(), torch.zeros(d, dtype=torch.float64, requires_grad=True)
     F.layer_norm(leaf, (d,), w64, b64, EPS).backward(dxn.double())
@@ -228,7 +229,7 @@ def test_eager_calls_skip_the_custom_op_dispatch(monkeypatch):
     must not go through the custom ops' dispatch, only traced ones do (see the compile tests)."""
     def refuse(*args, **kwargs):
         raise AssertionError("custom op called in eager mode")
-    for name in ("_fused_pre_norm_geglu_op", "_geglu_backward_act_op", "_ln_backward_op"):
+    for name in ("geglu_op", "backward_act_op", "ln_backward_op"):
         monkeypatch.setattr(geglu, name, refuse)
     params = make_params(16, 32)
     x = make_x(3, 16, torch.float16)
@@ -249,7 +250,7 @@ def test_interpreted_inference_with_the_tables_configs_and_a_partial_row_tile(m)
     x = make_x(m, d, torch.float16, seed=m)
     with torch.no_grad(), sk.coverage.strict():
         y = sk.ops.fused_pre_norm_geglu(x, *params, EPS)
-    gate_up, down = geglu.choose_configs(m, d, ff)
+    gate_up, down = gk.choose_configs(m, d, ff)
     assert gate_up.block_m == down.block_m == 64 and gate_up.tma_store and not gate_up.programs_per_sm
     assert m % 64
     assert rel_err(y, fp64_block(x, *params)) < TOL[torch.float16]
@@ -259,17 +260,17 @@ def test_decode_configs_swap_only_below_64_rows():
     """Swapped products exist for tiles under wgmma's 64 rows; from 64 rows on the plain orientation takes
     wgmma itself."""
     for m, swapped in ((1, True), (32, True), (33, False), (64, False)):
-        gate_up, down = geglu.choose_configs(m, 2048, 16384)
+        gate_up, down = gk.choose_configs(m, 2048, 16384)
         assert gate_up.swap_ab == (gate_up.block_m < 64) == swapped, (m, gate_up)
         assert down.swap_ab and down.block_m < 64  # decode's down tile is 32 rows at most
-    assert not any(c.swap_ab for c in geglu.choose_configs(1000, 768, 1448))
+    assert not any(c.swap_ab for c in gk.choose_configs(1000, 768, 1448))
 
 
 @pytest.mark.parametrize("m,d,ff", [(1024, 768, 1448), (8192, 2048, 16384)])
 def test_only_inference_gate_up_kernels_run_persistent_or_store_by_tma(m, d, ff):
     """The persistent grid (prefill) was timed for the folded inference kernel only, the TMA store of h (seed)
     for both inference kernels; training's keeps one program per tile and masked stores."""
-    folded, prologue, training = (geglu.choose_configs(m, d, ff, kernel)[0]
+    folded, prologue, training = (gk.choose_configs(m, d, ff, kernel)[0]
                                   for kernel in ("folded", "prologue", "training"))
     assert (folded.programs_per_sm > 0) == (m == 8192) and folded.tma_store == (m == 1024)
     assert prologue.programs_per_sm == 0 and prologue.tma_store == (m == 1024)
@@ -281,10 +282,10 @@ def test_large_gate_up_groups_16_mb_of_x_rows(kernel):
     """The prefill class's gate/up groups as many row tiles as hold 16 MB of x (timed at d_model 2048 and 4096:
     32 and 16 row tiles of 128 rows); the other classes keep the default group of 8."""
     for d, ff, group in ((2048, 16384, 32), (4096, 14336, 16), (8192, 28672, 8), (16384, 53248, 4)):
-        gate_up, down = geglu.choose_configs(8192, d, ff, kernel)
+        gate_up, down = gk.choose_configs(8192, d, ff, kernel)
         assert (gate_up.block_m, gate_up.group_m, down.group_m) == (128, group, 8), (d, gate_up)
     for m, d, ff in ((1024, 768, 1448), (32, 2048, 16384)):
-        assert geglu.choose_configs(m, d, ff, kernel)[0].group_m == 8
+        assert gk.choose_configs(m, d, ff, kernel)[0].group_m == 8
 
 
 # ------------------------------------------------------------------------------------ compiled for sm90 (any machine)
@@ -293,10 +294,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 _SHARED_BUFFERS = r"""
 import json, re, sys
 sys.path.insert(0, "benchmarks")
-from compile_report_geglu import compile_kernel, geglu
+from compile_report_geglu import compile_kernel, gk
 found = {}
 for m, d, ff in json.loads(sys.argv[1]):
-    for kind, c in zip(("gate_up", "down"), geglu.choose_configs(m, d, ff)):
+    for kind, c in zip(("gate_up", "down"), gk.choose_configs(m, d, ff)):
         ttgir = compile_kernel(kind, c, d, ff, fold=True).asm["ttgir"]
         tiles = re.findall(r"ttg\.local_alloc : \(\) -> !ttg\.memdesc<(\d+)x\d+x\d+x", ttgir)  # [buffers]x[tile]
         found[f"{kind} {m}x{d}x{ff}"] = [c.num_stages, [int(n) for n in tiles]]
@@ -425,7 +426,7 @@ def test_custom_op_registration_passes_opcheck():
     x = make_x(5, 16, torch.float64, "cpu")
     for save in (False, True):
         args = (x.requires_grad_(save), *[p.requires_grad_(save) for p in params], EPS, "none", save)
-        torch.library.opcheck(geglu._fused_pre_norm_geglu_op, args,
+        torch.library.opcheck(geglu.geglu_op, args,
                               test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
@@ -452,11 +453,11 @@ def test_weight_copies_are_cached_until_the_weight_changes():
 
 def test_folded_weights_are_cached_until_a_source_changes():
     ln_w, ln_b, wg, bg, wu, bu = [p.requires_grad_() for p in make_params(16, 32, device="cpu")[:6]]
-    first = geglu._folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, torch.float16)
-    assert geglu._folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, torch.float16) is first
+    first = geglu.folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, torch.float16)
+    assert geglu.folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, torch.float16) is first
     with torch.no_grad():
         ln_b.add_(1.0)  # any of the six: here the LayerNorm shift, which only the fp32 constants hold
-    second = geglu._folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, torch.float16)
+    second = geglu.folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, torch.float16)
     assert second is not first
     w_gate_up, fold = second  # gate and up rows interleaved, and the fold's columns alike
     assert torch.equal(w_gate_up[0::2], (wg * ln_w).detach().to(torch.float16))
@@ -468,8 +469,8 @@ def test_folded_weights_are_cached_until_a_source_changes():
     with torch.inference_mode():
         frozen = torch.randn(16)
     # An inference tensor has no version counter: its fold is cached on identity and storage (sk.ops.weight_cache).
-    cached = geglu._folded_gate_up(frozen, ln_b, wg, bg, wu, bu, torch.float16)
-    assert cached is not None and geglu._folded_gate_up(frozen, ln_b, wg, bg, wu, bu, torch.float16) is cached
+    cached = geglu.folded_gate_up(frozen, ln_b, wg, bg, wu, bu, torch.float16)
+    assert cached is not None and geglu.folded_gate_up(frozen, ln_b, wg, bg, wu, bu, torch.float16) is cached
 
 
 @pytest.mark.skipif(KERNEL_DEVICE == "cpu" and not INTERPRETED_CPU, reason="needs the kernels")
@@ -554,7 +555,7 @@ def test_gpu_backward_bf16(m, d, ff, approximate, gemms, settings_override):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mean", [3.0, 20.0])
 def test_gpu_inference_with_large_row_means(mean):
-    """Inference folds γ into the weights and subtracts μ·Σ_k W' after the GEMM (see `_folded_gate_up`): its
+    """Inference folds γ into the weights and subtracts μ·Σ_k W' after the GEMM (see `geglu.folded_gate_up`): its
     fp32 accumulation error grows with |μ|/σ; at 20 it must still meet the bf16 bounds."""
     m, d, ff = 1024, 768, 1448
     params = make_params(d, ff, device="cuda")
@@ -571,7 +572,7 @@ def test_gpu_split_k_is_deterministic_across_calls_and_graph_replays():
     """Decode runs the down projection split over K: its partials are summed in split order and its arrival
     counters zeroed on every call, so each call and each replay gives the same bits."""
     m, d, ff = 32, 2048, 16384
-    assert geglu.choose_configs(m, d, ff)[1].split_k > 1
+    assert gk.choose_configs(m, d, ff)[1].split_k > 1
     params = make_params(d, ff, device="cuda", dtype=torch.bfloat16)
     x = make_x(m, d, torch.bfloat16, "cuda")
     with torch.no_grad():
@@ -617,7 +618,7 @@ def test_gpu_dependent_launch_gives_the_stream_order_bits(m, d, ff, training, se
     each into its own buffers (reused by later calls, as a real graph's pool does), must give the bits of calls
     launched in plain stream order. The cases: every table entry that launches dependently (decode; training
     at the seed class)."""
-    assert geglu.choose_configs(m, d, ff, "training" if training else "folded")[0].dependent_launch != "none"
+    assert gk.choose_configs(m, d, ff, "training" if training else "folded")[0].dependent_launch != "none"
     params = make_params(d, ff, device="cuda", dtype=torch.float32 if training else torch.bfloat16)
     xs = [make_x(m, d, torch.bfloat16, "cuda", seed=i) for i in range(4)]
 
@@ -666,15 +667,15 @@ def test_gpu_tables_gate_up_gives_the_masked_one_program_per_tile_bits(m, d, ff)
     several tiles) in groups of 32 row tiles: every tile must be computed once, edges clipped (M = 1000 and 4097
     end in partial tiles, 4097 in a last group of one row tile), with the same bits as one program per tile in
     groups of 8 storing through masks."""
-    table, down = geglu.choose_configs(m, d, ff)
+    table, down = gk.choose_configs(m, d, ff)
     per_tile = dataclasses.replace(table, programs_per_sm=0, tma_store=False, group_m=8, group_rows_bytes=0)
     assert table != per_tile
     params = list(make_params(d, ff, device="cuda", dtype=torch.bfloat16))
     x = make_x(m, d, torch.bfloat16, "cuda")
-    folded, fold = geglu._fold(*params[:6], torch.bfloat16)
+    folded, fold = geglu.fold_gate_up(*params[:6], torch.bfloat16)
     args = params[:2] + [folded, params[3], None] + params[5:]
     poison_allocator((m, d), (m, ff))
-    outs = [geglu._forward_kernels(x, *args, EPS, "none", False, (c, down), fold=fold)[0]
+    outs = [gk.forward_kernels(x, *args, EPS, "none", False, (c, down), fold=fold)[0]
             for c in (table, per_tile)]
     assert not outs[0].isnan().any()
     assert torch.equal(*outs)

@@ -1,8 +1,10 @@
-"""fused_pre_norm_geglu's GEMMs through QuACK's CuTe-DSL kernels (sk_core/ops/fused_pre_norm_geglu_cute.py): on an
-SM90 GPU with QuACK installed (ci/gpu/cute.sh), inference on folded weights in the seed and prefill
-classes must run them, match fp64 math at odd shapes, dtypes, both GELUs and without biases, and replay from a
-CUDA graph; everywhere else the Triton GEMMs run."""
+"""fused_pre_norm_geglu's GEMMs through QuACK's CuTe-DSL kernels (sk_core/ops/gated_mlp/quack_gemms.py, admitted
+by sk_core/ops/gated_mlp/quack_backend.py): on an SM90 GPU with QuACK installed (ci/gpu/cute.sh), inference on
+folded weights in the seed and prefill classes must run them, match fp64 math at odd shapes, dtypes, both GELUs
+and without biases, and replay from a CUDA graph; everywhere else, and with a QuACK of another version or
+structure (said once, in a warning naming it), the Triton GEMMs run."""
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -14,13 +16,70 @@ import sk
 from numerics import rel_err
 from test_fused_pre_norm_geglu import EPS, TOL, eager_bf16, fp64_block, make_params, make_x, poison_allocator
 
-geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
-CUTE = geglu._cute_gemms_on(torch.device("cuda")) if torch.cuda.is_available() else None
+geglu = importlib.import_module("sk.ops.gated_mlp.geglu")
+gk = importlib.import_module("sk.ops.gated_mlp.geglu_kernels")
+quack_backend = importlib.import_module("sk.ops.gated_mlp.quack_backend")
+CUTE = quack_backend.available(torch.device("cuda")) if torch.cuda.is_available() else None
 needs_cute = pytest.mark.skipif(CUTE is None, reason="needs an SM90 GPU with QuACK installed (ci/gpu/cute.sh)")
 
 
 def test_cpu_tensors_never_take_the_cute_gemms():
-    assert geglu._cute_gemms_on(torch.device("cpu")) is None
+    assert quack_backend.available(torch.device("cpu")) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
+                    or importlib.util.find_spec("quack") is None, reason="needs an SM90 GPU with QuACK installed")
+def test_gpu_the_pinned_quack_is_admitted():
+    """Where QuACK is installed as pinned (ci/gpu/cute.sh), the version and structure check admits it: the tests
+    of this file then run rather than skip."""
+    assert CUTE is not None, quack_backend.status()
+    assert quack_backend.status().startswith(f"QuACK {quack_backend.SUPPORTED_QUACK[0]}:"), quack_backend.status()
+
+
+def _fake_quack(monkeypatch, version):
+    import importlib.machinery
+    import types
+
+    fake = types.ModuleType("quack")
+    fake.__version__, fake.__spec__ = version, importlib.machinery.ModuleSpec("quack", None)
+    monkeypatch.setitem(sys.modules, "quack", fake)
+
+
+def test_an_unknown_quack_version_runs_the_triton_gemms_and_says_so(monkeypatch):
+    _fake_quack(monkeypatch, "0.7.0")
+    with pytest.warns(RuntimeWarning, match=r"QuACK 0\.7\.0 not used, running the Triton GEMMs.*0\.6\.5"):
+        module, status = quack_backend.check_installed()
+    assert module is None and "0.7.0" in status
+
+
+def test_a_quack_missing_the_internals_we_use_runs_the_triton_gemms_and_says_so(monkeypatch):
+    _fake_quack(monkeypatch, quack_backend.SUPPORTED_QUACK[0])
+    with pytest.warns(RuntimeWarning, match=r"not used, running the Triton GEMMs: .*quack\.epilogue\.frontend"):
+        module, status = quack_backend.check_installed()
+    assert module is None and "quack.gemm_interface" in status
+
+
+def test_no_quack_installed_is_said_without_a_warning(monkeypatch):
+    monkeypatch.setitem(sys.modules, "quack", None)  # find_spec: as if not installed
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module, status = quack_backend.check_installed()
+    assert module is None and "not installed" in status
+
+
+@pytest.mark.gpu
+@needs_cute
+def test_gpu_quack_is_patched_only_while_our_gemms_trace(tmp_path):
+    """Tracing a row-statistics gate/up GEMM (compiled afresh) wraps `cute.arch.setmaxregister_decrease` for the
+    trace only: before and after, every other QuACK or CuTe-DSL kernel sees the DSL's own function."""
+    row_stats = 'row_stats=(CUTE.row_stats_counters(x.device), 1e-5))'
+    code = _GATE_UP_PTX.replace('"none", "small")', f'"none", "small", {row_stats}')
+    code = ("import cutlass.cute as cute\nbefore = cute.arch.setmaxregister_decrease\n" + code
+            + "assert cute.arch.setmaxregister_decrease is before, cute.arch.setmaxregister_decrease\n")
+    env = dict(os.environ, QUACK_CACHE_ENABLED="0")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
 
 
 @pytest.fixture
@@ -90,21 +149,21 @@ def test_gpu_small_down_takes_clusters_of_four_only_where_they_all_fit_at_once(m
     more clusters than fit (99, 128), some CTAs would run a second round of tiles, so the table's config runs.
     test_gpu_cute_gemms_match_fp64 checks both configs' results."""
     for device in (torch.device("cuda", torch.cuda.current_device()), torch.device("cuda")):  # with and without
-        config = CUTE._down_config(m, d, "small", device)                                    # an index
+        config = CUTE.down_config(m, d, "small", device)                                    # an index
         assert config is (CUTE.DOWN_IN_ONE_WAVE if one_wave else CUTE.DOWN_CONFIGS["small"])
-        assert CUTE._down_config(8192, 2048, "large", device) is CUTE.DOWN_CONFIGS["large"]
+        assert CUTE.down_config(8192, 2048, "large", device) is CUTE.DOWN_CONFIGS["large"]
 
 
 @pytest.fixture
 def stats_kernel_launches(monkeypatch):
     """How many times the statistics kernel was launched."""
-    launches, kernel = [], geglu._ln_stats_kernel
+    launches, kernel = [], gk.ln_stats_kernel
 
     class Counted:
         def __getitem__(self, grid):
             launches.append(grid)
             return kernel[grid]
-    monkeypatch.setattr(geglu, "_ln_stats_kernel", Counted())
+    monkeypatch.setattr(gk, "ln_stats_kernel", Counted())
     return launches
 
 
@@ -126,11 +185,11 @@ def test_gpu_gate_up_computes_the_statistics_where_its_tiles_fit_in_one_wave(m, 
     counts from zero), whatever the grid."""
     params = make_params(d, ff, device="cuda", dtype=torch.bfloat16, seed=m)
     x = make_x(m, d, torch.bfloat16, "cuda", seed=m) + 3.0  # a mean away from 0: the shifted sums' case
-    assert CUTE.computes_row_stats(m, d, ff, geglu.shape_class(m, d, ff), x.device) == in_gate_up
-    folded, fold = geglu._fold(*params[:6], torch.bfloat16)
+    assert CUTE.computes_row_stats(m, d, ff, gk.shape_class(m, d, ff), x.device) == in_gate_up
+    folded, fold = geglu.fold_gate_up(*params[:6], torch.bfloat16)
     poison_allocator((4, m))  # the size of the fp32 statistics
     with torch.no_grad():
-        y, stats, _, _ = geglu._forward_kernels(x, *params[:2], folded, params[3], None, *params[5:], EPS, "none",
+        y, stats, _, _ = gk.forward_kernels(x, *params[:2], folded, params[3], None, *params[5:], EPS, "none",
                                                 False, fold=fold)
     torch.cuda.synchronize()
     assert len(stats_kernel_launches) == (0 if in_gate_up else 1)
@@ -221,9 +280,9 @@ def test_gpu_switches_keep_the_triton_gemms(switch, cute_calls, settings_overrid
         y = sk.ops.fused_pre_norm_geglu(x, *params, EPS)
     assert cute_calls == []
     assert rel_err(y, fp64_block(x, *params)) < TOL[torch.bfloat16]
-    folded, fold = geglu._fold(*params[:6], torch.bfloat16)
-    geglu._forward_kernels(x, *params[:2], folded, params[3], None, *params[5:], EPS, "none", False,
-                           geglu.choose_configs(m, d, ff), fold=fold)
+    folded, fold = geglu.fold_gate_up(*params[:6], torch.bfloat16)
+    gk.forward_kernels(x, *params[:2], folded, params[3], None, *params[5:], EPS, "none", False,
+                           gk.choose_configs(m, d, ff), fold=fold)
     assert cute_calls == []
 
 

@@ -12,7 +12,7 @@ from sk.nn import PreNormGEGLUFFN
 # bf16 wrongly, so the kernels are tested interpreted in fp32/fp16 in test_fused_pre_norm_geglu.py.
 from test_seed_getting_started import MyGEGLUBlock, _cpu_takes_the_fallback  # noqa: F401
 
-geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
+geglu = importlib.import_module("sk.ops.gated_mlp.geglu")
 
 
 def randomized(block):

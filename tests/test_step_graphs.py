@@ -10,7 +10,7 @@ import torch.utils.checkpoint
 import sk
 from numerics import KERNEL_DEVICE
 
-geglu = importlib.import_module("sk.ops.fused_pre_norm_geglu")
+geglu = importlib.import_module("sk.ops.gated_mlp.geglu")
 step_graphs = importlib.import_module("sk.ops._step_graphs")
 D, FF, M = 256, 392, 200  # small, not multiples of 128 (d_ff), a partial row tile
 
@@ -18,8 +18,8 @@ D, FF, M = 256, 392, 200  # small, not multiples of 128 (d_ff), a partial row ti
 @pytest.fixture
 def fresh_step_graphs(monkeypatch):
     """An empty capture cache for the op, so counts and slots belong to this test."""
-    fresh = step_graphs.StepGraphs(geglu.OP, geglu._forward, geglu._setup_context, geglu._backward)
-    monkeypatch.setattr(geglu, "_step_graphs", fresh)
+    fresh = geglu.make_step_graphs()
+    monkeypatch.setattr(geglu, "step_graphs", fresh)
     return fresh
 
 

@@ -14,11 +14,11 @@ import functools
 from typing import Optional
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from sk import coverage
 from sk.ops._common import FLOAT_DTYPES, attach_reference_backward, check_float, check_same_device
 from sk.ops.gated_mlp import triton_kernels, weights
+from sk.ops.gated_mlp.common import is_eager
 from sk.ops.gated_mlp.reference import ACTIVATIONS, NORMS, gated_mlp_reference
 
 OP = "fused_gated_mlp"
@@ -85,13 +85,6 @@ def _(x, residual, norm_weight, norm_bias, gate_up_weight, gate_up_bias, down_we
 
 
 attach_reference_backward(_op, lambda inputs: coverage_name(inputs[9]), _reference_2d)
-
-
-def _eager(x: torch.Tensor) -> bool:
-    """A real tensor run eagerly (no tracing, fake or wrapped tensors, dispatch mode): the custom op's
-    dispatch can be skipped when no gradient is wanted."""
-    return (type(x) is torch.Tensor and not torch.compiler.is_compiling()
-            and _get_current_dispatch_mode() is None and not torch._C._are_functorch_transforms_active())
 
 
 # ----------------------------------------------------------------------------------------------- argument checks
@@ -201,5 +194,5 @@ def fused_gated_mlp(
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     inputs = (x2, r2, norm_weight, norm_bias, gate_up_weight, gate_up_bias, down_weight, down_bias, float(eps),
               norm, activation)
-    out, h = _forward(*inputs) if not grad and _eager(x2) else _op(*inputs)
+    out, h = _forward(*inputs) if not grad and is_eager(x2) else _op(*inputs)
     return out.view(x.shape), (x if residual is None else h.view(x.shape))

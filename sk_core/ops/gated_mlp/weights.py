@@ -20,7 +20,7 @@ with the row statistics μ, rstd of h (fp32). The two fp32 vectors (`colsum` = �
 mean cancels exactly in real arithmetic, and `shift` = W·β + b) are interleaved as the rows; `shift` is None
 when there is neither a norm bias nor a gate/up bias, `colsum` None outside "layer". For "layer" the fold adds
 an fp32 accumulation error relative to μ rather than to the centered values, ~d_model·2⁻²⁴·|μ|/σ, below a
-bf16 rounding unless rows are nearly constant (as the GEGLU op's fold, `fused_pre_norm_geglu._folded_gate_up`).
+bf16 rounding unless rows are nearly constant (as the GEGLU op's fold, `geglu.folded_gate_up`).
 
 Memory: one extra copy of gate/up in the compute dtype (2·d_ff·d_model elements: 235 MB for Llama-3-8B's
 MLP in bf16, per layer shard), plus 8·d_ff bytes per fp32 vector; the down weight is used as given (a cached

@@ -1,10 +1,12 @@
-"""The pre-norm GEGLU block's two GEMMs through QuACK's CuTe-DSL kernels (SM90, inference on folded weights).
+"""The pre-norm GEGLU op's two GEMMs through QuACK's CuTe-DSL kernels (SM90, inference on folded weights): the
+QuACK backend of `geglu_kernels.forward_kernels`, imported only through `quack_backend.available`, which checks
+the installed QuACK's version and structure first.
 
     h = gelu(r·(x @ W'_gateᵀ − μ·Σ_k W'_gate) + c_gate) · (r·(x @ W'_upᵀ − μ·Σ_k W'_up) + c_up)
     y = x + h @ W_downᵀ + b_down
 
 with W' the LayerNorm-scaled weights, gate and up rows interleaved, and [Σ_k W'; c] the fold of
-`fused_pre_norm_geglu._folded_gate_up`; μ and r are the row statistics of `_ln_stats_kernel`.
+`geglu.folded_gate_up`; μ and r are the row statistics of `geglu_kernels`' `_ln_stats_kernel`.
 
 QuACK (github.com/Dao-AILab/quack, `pip install standardkernels[cute]`) builds Hopper GEMMs that Triton 3.6
 cannot express: two-CTA clusters sharing operand tiles by TMA multicast, ping-pong consumer warpgroups (one
@@ -18,16 +20,28 @@ shapes in clusters of four CTAs sharing h's tiles where those clusters fit on th
 Each of these was timed on the H200 side by side with what it replaced (results/h200/geglu/README.md, the entries
 "2026-11-30, ninth run" to "2026-12-01, thirteenth run").
 
-Imported only where it can run (a CUDA device of compute capability 9.0 with QuACK installed); the op falls
-back to its Triton GEMMs otherwise, and for decode (its split-K down kernel) and training (which stores the
-pre-activations for the backward).
+Imported only where it can run (a CUDA device of compute capability 9.0 with a QuACK that `quack_backend`
+admits); the op runs its Triton GEMMs otherwise, and for decode (its split-K down kernel) and training (which
+stores the pre-activations for the backward).
+
+Nothing here changes QuACK for other callers: the kernels are our subclasses of QuACK's GEMM (made per GEMM
+class, `_main_loop_before_wait`, `_row_stats_in_idle_warps`), and the one module attribute replaced,
+`cute.arch.setmaxregister_decrease` (QuACK's kernels call it through the module, which is how the statistics
+warps are traced in), is replaced only while one of our row-statistics GEMMs traces its kernel
+(`_row_stats_hook`).
+
+Internal, for `geglu_kernels` and the tests: `GATE_UP_CONFIGS`, `DOWN_CONFIGS`, `DOWN_IN_ONE_WAVE`,
+`CONFIG_SOURCES`, `WAIT_IN_EPILOGUE`, `gate_up`, `down`, `down_config`, `computes_row_stats`,
+`row_stats_counters`.
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import hashlib
 import inspect
+import threading
 
 import cutlass
 import cutlass.cute as cute
@@ -44,7 +58,7 @@ from quack.gemm_config import GemmConfig
 from quack.gemm_interface import gemm_tuned
 from quack.sync.barrier import release_add
 
-from sk.ops.fused_pre_norm_geglu import _cdiv
+from sk.ops.gated_mlp.common import cdiv
 
 
 def _config(tile_m: int, tile_n: int, *, pingpong: bool, swizzle: int = 8, cluster: tuple[int, int] = (2, 1)
@@ -56,7 +70,7 @@ def _config(tile_m: int, tile_n: int, *, pingpong: bool, swizzle: int = 8, clust
                       is_dynamic_persistent=False, max_swizzle_size=swizzle, device_capacity=9)
 
 
-# Per shape class of `fused_pre_norm_geglu.shape_class` (gate/up's N counts gate and up columns together): the
+# Per shape class of `geglu_kernels.shape_class` (gate/up's N counts gate and up columns together): the
 # fastest whole forward in CUDA graphs, variants interleaved. Tiles and ping-pong from
 # results/h200/geglu/2026-11-30/ninth-run/experiments/quack_block.json, each setting then varied alone in
 # results/h200/geglu/2026-11-30/ninth-run/experiments/cute_sweep.json; prefill's cooperative 128 × 256 down
@@ -70,6 +84,15 @@ DOWN_CONFIGS = {"small": _config(64, 96, pingpong=False), "large": _config(128, 
 # 30 clusters of four: results/h200/geglu/2026-12-01/twelfth-run/experiments/cluster4.json), a second round of
 # tiles costs more than the multicast saves.
 DOWN_IN_ONE_WAVE = _config(128, 64, pingpong=False, cluster=(1, 4))
+# The committed result each entry above was chosen from (QuACK's GemmConfig has no field for it).
+_NINTH = "results/h200/geglu/2026-11-30/ninth-run/experiments"
+CONFIG_SOURCES = {
+    ("gate_up", "small"): f"{_NINTH}/quack_block.json; {_NINTH}/cute_sweep.json",
+    ("gate_up", "large"): f"{_NINTH}/quack_block.json; {_NINTH}/cute_sweep.json; {_NINTH}/cute_confirm.json (swizzle)",
+    ("down", "small"): f"{_NINTH}/quack_block.json; {_NINTH}/cute_sweep.json",
+    ("down", "large"): f"{_NINTH}/cute_confirm.json",
+    ("down", "one_wave"): "results/h200/geglu/2026-12-01/twelfth-run/experiments/down_1x4.json",
+}
 
 
 class ColVecLoadAfterPrimary(ColVecLoad):
@@ -133,7 +156,8 @@ class _EpiModWaitingInEpilogue(EpiMod):
 
 # The gate/up GEMM waits for the statistics kernel only where its epilogue reads them, its main loop running
 # beside that kernel (results/h200/geglu/2026-12-01/eleventh-run/experiments/stats_overlap.json). Written against
-# QuACK 0.6.5's kernel (see `_main_loop_before_wait`); any other version keeps QuACK's wait before the first load.
+# QuACK 0.6.5's kernel (see `_main_loop_before_wait`), the only version `quack_backend` admits; were another let
+# through, it would keep QuACK's wait before the first load.
 WAIT_IN_EPILOGUE = quack.__version__ == "0.6.5"
 
 
@@ -273,8 +297,9 @@ def _publish_row_stats(x: cute.Tensor, mean: cute.Tensor, rstd: cute.Tensor, cou
 
 # The GEMM (a `_row_stats_in_idle_warps` class) whose kernel this thread is tracing, if any: QuACK's SM90 kernel
 # calls `cute.arch.setmaxregister_decrease` in its producer warps only, and nothing of QuACK's runs in three of
-# them after it, so that call is where their statistics code is traced in. The call is wrapped once, here; the
-# wrapper adds nothing to any other kernel (a context variable, so that threads tracing at once do not mix).
+# them after it, so that call is where their statistics code is traced in. The call is wrapped only while one of
+# our GEMMs traces (`_row_stats_hook`); the wrapper adds nothing to any other kernel traced meanwhile (a context
+# variable, so that threads tracing at once do not mix).
 _tracing_row_stats: contextvars.ContextVar = contextvars.ContextVar("_tracing_row_stats", default=None)
 
 
@@ -285,9 +310,26 @@ def _setmaxregister_decrease_then_row_stats(*args, _decrease=cute.arch.setmaxreg
         gemm._row_stats_in_producer_warps()
 
 
-if not getattr(cute.arch.setmaxregister_decrease, "_sk_row_stats", False):  # once, should this module reload
-    _setmaxregister_decrease_then_row_stats._sk_row_stats = True
-    cute.arch.setmaxregister_decrease = _setmaxregister_decrease_then_row_stats
+_hook_lock = threading.Lock()
+_hook_users = 0
+
+
+@contextlib.contextmanager
+def _row_stats_hook():
+    """`cute.arch.setmaxregister_decrease` wrapped (`_setmaxregister_decrease_then_row_stats`) for the duration:
+    while one of our row-statistics GEMMs traces its kernel, restored when the last such trace ends."""
+    global _hook_users
+    with _hook_lock:
+        if _hook_users == 0:
+            cute.arch.setmaxregister_decrease = _setmaxregister_decrease_then_row_stats
+        _hook_users += 1
+    try:
+        yield
+    finally:
+        with _hook_lock:
+            _hook_users -= 1
+            if _hook_users == 0:
+                cute.arch.setmaxregister_decrease = _setmaxregister_decrease_then_row_stats.__kwdefaults__["_decrease"]
 
 
 @functools.cache
@@ -343,7 +385,8 @@ def _row_stats_in_idle_warps(gemm_cls):
             def launch(*launch_args, **launch_kwargs):
                 tracing = _tracing_row_stats.set(self)
                 try:
-                    return trace_and_launch(*launch_args, **launch_kwargs)
+                    with _row_stats_hook():
+                        return trace_and_launch(*launch_args, **launch_kwargs)
                 finally:
                     _tracing_row_stats.reset(tracing)
             launcher.launch = launch
@@ -463,9 +506,9 @@ def computes_row_stats(m: int, d: int, ff: int, shape_class: str, device: torch.
         return False
     c = GATE_UP_CONFIGS[shape_class]
     cluster = c.cluster_m * c.cluster_n
-    clusters = _cdiv(m, c.tile_m * c.cluster_m) * _cdiv(2 * ff, c.tile_n * c.cluster_n)
+    clusters = cdiv(m, c.tile_m * c.cluster_m) * cdiv(2 * ff, c.tile_n * c.cluster_n)
     return (not c.pingpong and clusters <= _max_active_clusters(cluster, device)
-            and _cdiv(m, 3 * clusters * cluster) * d <= ROW_STATS_ELEMENTS_PER_WARP)
+            and cdiv(m, 3 * clusters * cluster) * d <= ROW_STATS_ELEMENTS_PER_WARP)
 
 
 def _device_index(device: torch.device) -> int:
@@ -482,11 +525,11 @@ def _max_active_clusters_on(cluster_size: int, device_index: int) -> int:
     return get_max_active_clusters(cluster_size, device_capacity=(9, 0), device_id=device_index)
 
 
-def _down_config(m: int, d: int, shape_class: str, device: torch.device) -> GemmConfig:
+def down_config(m: int, d: int, shape_class: str, device: torch.device) -> GemmConfig:
     """The class's config, or in the small class `DOWN_IN_ONE_WAVE` where all its clusters are resident at once."""
     if shape_class == "small":
         c = DOWN_IN_ONE_WAVE
-        clusters = _cdiv(m, c.tile_m * c.cluster_m) * _cdiv(d, c.tile_n * c.cluster_n)
+        clusters = cdiv(m, c.tile_m * c.cluster_m) * cdiv(d, c.tile_n * c.cluster_n)
         if clusters <= _max_active_clusters(c.cluster_m * c.cluster_n, device):
             return c
     return DOWN_CONFIGS[shape_class]
@@ -498,4 +541,4 @@ def down(h: torch.Tensor, down_weight: torch.Tensor, down_bias: torch.Tensor | N
     if down_bias is not None and down_bias.dtype == torch.float64:  # QuACK's vectors are 16- or 32-bit floats
         down_bias = down_bias.float()
     # gemm_tuned's undecorated function: the GEMM at an explicit config, without the autotuner around it.
-    gemm_tuned.fn(h, down_weight.T, y, C=x, bias=down_bias, config=_down_config(*y.shape, shape_class, y.device))
+    gemm_tuned.fn(h, down_weight.T, y, C=x, bias=down_bias, config=down_config(*y.shape, shape_class, y.device))
