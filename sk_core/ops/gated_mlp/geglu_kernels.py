@@ -44,10 +44,6 @@ Internal, for benchmarks and tests (no argument checks, no coverage decisions): 
 `quack_gemms_for`, and the kernel objects
 `ln_stats_kernel`, `gate_up_kernel`, `down_kernel`, `geglu_backward_kernel`, `ln_backward_kernel` (the
 launchers launch whatever these names hold, so a test or the host-path benchmark may replace one).
-
-The kernels' source is as it was in the op's module before the family package (their
-comments' `_pdl_on` and `_folded_gate_up` are now `pdl_on` and `geglu.folded_gate_up`): editing a kernel's text
-changes its compile-cache key, so it was moved, not touched.
 """
 from __future__ import annotations
 
@@ -94,7 +90,7 @@ def _ln_stats_kernel(
     PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # PDL: launched while the kernel before it finishes (which may be writing x), this waits for it before
-    # touching memory, then lets the gate/up kernel launch (programmatic dependent launch; see `_pdl_on`).
+    # touching memory, then lets the gate/up kernel launch (programmatic dependent launch; see `pdl_on`).
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -177,7 +173,7 @@ def _gate_up_tile(
     # gate 1, ...; wu_desc unused), so the loop is one plain GEMM on x with a 2·BLOCK_N-wide weight tile: both
     # operands straight from shared memory into the tensor cores, and one wgmma twice as wide as two separate
     # products (at 64 columns a wgmma reading both operands from shared memory is bound by its bandwidth).
-    # The epilogue applies the statistics (see `_folded_gate_up`) and splits the columns into gate and up.
+    # The epilogue applies the statistics (see `geglu.folded_gate_up`) and splits the columns into gate and up.
     # Keep every other read of the x tile out of that loop: a register use of a wgmma operand makes Triton 3.6
     # give it one pipeline buffer fewer than the wgmma in flight needs (a race; see the module docstring).
     # Otherwise (training) the prologue normalizes each x tile and two products share it.
