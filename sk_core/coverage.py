@@ -97,6 +97,22 @@ def is_strict() -> bool:
     return _strict.get()
 
 
+def note_forward(ctx) -> None:
+    """Keep on an autograd ctx whether its forward ran under strict mode (see `backward_of`)."""
+    ctx.sk_strict = _strict.get()
+
+
+@contextlib.contextmanager
+def backward_of(ctx) -> Iterator[None]:
+    """Strict mode in a backward whose forward ran under it: autograd runs the backward of CUDA tensors in threads
+    of its own, where the caller's `strict()` block (thread- and task-local) is not in force."""
+    if getattr(ctx, "sk_strict", False) and not _strict.get():
+        with strict(True):
+            yield
+    else:
+        yield
+
+
 # ----------------------------------------------------------------------------------------------- recording
 
 _lock = threading.Lock()

@@ -280,7 +280,7 @@ def test_norm_module_residual_form_gradients_match_fp64_autograd(gemma):
     torch.manual_seed(seed_of("module residual", gemma))
     norm = (sk.nn.GemmaRMSNorm if gemma else sk.nn.RMSNorm)(64).to(KERNEL_DEVICE)
     with torch.no_grad():
-        norm.weight.add_(0.1 * torch.randn(64))
+        norm.weight.add_(0.1 * torch.randn(64).to(KERNEL_DEVICE))
     x, r = (torch.randn(7, 64, device=KERNEL_DEVICE).requires_grad_() for _ in range(2))
     dy, dr = torch.randn(7, 64, dtype=torch.float64), torch.randn(7, 64, dtype=torch.float64)
     with sk.coverage.strict():

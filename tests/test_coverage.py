@@ -152,3 +152,34 @@ def test_every_table_entry_has_an_op():
     for name in sk.coverage.table():
         base = name.split("/")[0].removeprefix("gemma_")  # "op/variant": one row per variant of an op
         assert hasattr(sk.ops, base) or hasattr(sk.ops, name), name
+
+
+def test_a_backward_run_in_another_thread_is_strict_when_its_forward_was(monkeypatch):
+    """Autograd runs the backward of CUDA tensors in threads of its own, where the caller's `strict()` block is not
+    in force: a forward under strict mode carries it to its backward (here a backward from a second thread, as
+    autograd's device threads run it, with the op's backward kernel taken out of the table)."""
+    import dataclasses
+    import threading
+    from numerics import KERNEL_DEVICE
+
+    table = sk.coverage.table()
+    monkeypatch.setitem(table, "rms_norm", dataclasses.replace(table["rms_norm"], training=False))
+    x = torch.randn(3, 16, device=KERNEL_DEVICE, requires_grad=True)
+    w = torch.ones(16, device=KERNEL_DEVICE)
+    with sk.coverage.strict():
+        y = sk.ops.rms_norm(x, w)  # the forward has its kernel
+    errors = []
+
+    def backward():
+        try:
+            y.sum().backward()
+        except sk.CoverageError as e:
+            errors.append(e)
+    thread = threading.Thread(target=backward)
+    thread.start()
+    thread.join()
+    assert len(errors) == 1 and "backward: no kernel published for training" in str(errors[0])
+    # Without strict at the forward, the same backward is a recorded fallback.
+    y = sk.ops.rms_norm(x, w)
+    y.sum().backward()
+    assert any(f["reason"].startswith("backward: no kernel") for f in sk.coverage.report()["fallbacks"])

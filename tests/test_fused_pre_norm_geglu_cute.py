@@ -44,6 +44,8 @@ def _fake_quack(monkeypatch, version):
     fake = types.ModuleType("quack")
     fake.__version__, fake.__spec__ = version, importlib.machinery.ModuleSpec("quack", None)
     monkeypatch.setitem(sys.modules, "quack", fake)
+    for name in [n for n in sys.modules if n.startswith("quack.")]:  # the real QuACK's, where it is installed
+        monkeypatch.delitem(sys.modules, name)
 
 
 def test_an_unknown_quack_version_runs_the_triton_gemms_and_says_so(monkeypatch):

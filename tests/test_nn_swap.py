@@ -18,14 +18,14 @@ SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_lay
              num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
 
 
-def tiny(style):
+def tiny(style, device=KERNEL_DEVICE):
     config_cls, model_cls = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM),
     }[style]
     torch.manual_seed(0)
-    model = model_cls(config_cls(**SMALL)).to(KERNEL_DEVICE)
+    model = model_cls(config_cls(**SMALL)).to(device)
     with torch.no_grad():  # norms away from their initial 1 / 0, so a wrong offset would show
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -47,12 +47,14 @@ def loss_and_grads(model, ids):
     ("gemma", 5, "GemmaRMSNorm", "gelu_tanh"),
 ])
 def test_swap_keeps_outputs_and_gradients(style, norms, norm_cls, activation, path, settings_override):
-    if path == "fallback":
+    device = KERNEL_DEVICE
+    if path == "fallback":  # CPU tensors without the interpreter: every op takes its recorded reference
         settings_override(triton_interpret=False)
+        device = "cpu"
     elif KERNEL_DEVICE == "cpu" and not sk.settings.get("triton_interpret"):
         pytest.skip("needs the kernels (a GPU or TRITON_INTERPRET=1)")
-    model = tiny(style)
-    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1)).to(KERNEL_DEVICE)
+    model = tiny(style, device)
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1)).to(device)
     logits, grads = loss_and_grads(model, ids)
     keys = model.state_dict().keys()
 

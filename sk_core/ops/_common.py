@@ -51,12 +51,14 @@ def attach_reference_backward(
     def setup_context(ctx, inputs, output):
         ctx.inputs = inputs
         ctx.save_for_backward(*[t for t in inputs if isinstance(t, torch.Tensor)])
+        coverage.note_forward(ctx)
 
     def backward(ctx, *grads):
         saved = iter(ctx.saved_tensors)
         inputs = [next(saved) if isinstance(t, torch.Tensor) else t for t in ctx.inputs]
         tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
-        coverage.decide(coverage_name(inputs), tensors, backward=True)
+        with coverage.backward_of(ctx):
+            coverage.decide(coverage_name(inputs), tensors, backward=True)
         leaves = [t.detach().requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor) else t
                   for t in inputs]
         with torch.enable_grad():

@@ -211,11 +211,13 @@ def _setup_context(ctx, inputs, output):
     # Only called when a gradient is wanted: inference saves nothing.
     x, ctx.activation = inputs
     ctx.save_for_backward(x)
+    coverage.note_forward(ctx)
 
 
 def _backward(ctx, dy):
     (x,) = ctx.saved_tensors
-    return _act_and_mul_backward_op(dy, x, ctx.activation), None
+    with coverage.backward_of(ctx):
+        return _act_and_mul_backward_op(dy, x, ctx.activation), None
 
 
 _act_and_mul_op.register_autograd(_backward, setup_context=_setup_context)

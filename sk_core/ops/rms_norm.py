@@ -285,12 +285,14 @@ def _rms_norm_setup_context(ctx, inputs, output):
     # saves nothing. rstd is recomputed from x in the backward, where x is read anyway.
     x, weight, ctx.eps, ctx.weight_offset = inputs
     ctx.save_for_backward(x, weight)
+    coverage.note_forward(ctx)
 
 
 def _rms_norm_backward(ctx, dy):
     x, weight = ctx.saved_tensors
     need_x, need_w = ctx.needs_input_grad[:2]
-    dx, dw = _rms_norm_backward_op(dy, x, weight, None, ctx.eps, ctx.weight_offset, False, need_w)
+    with coverage.backward_of(ctx):
+        dx, dw = _rms_norm_backward_op(dy, x, weight, None, ctx.eps, ctx.weight_offset, False, need_w)
     return dx if need_x else None, dw if need_w else None, None, None
 
 
@@ -324,12 +326,14 @@ def _fused_add_rms_norm_setup_context(ctx, inputs, output):
     # the reference has it).
     _, _, weight, ctx.eps, ctx.weight_offset = inputs
     ctx.save_for_backward(output[1], weight)
+    coverage.note_forward(ctx)
 
 
 def _fused_add_rms_norm_backward(ctx, dy, dh):
     h, weight = ctx.saved_tensors
     need_x, need_r, need_w = ctx.needs_input_grad[:3]
-    dx, dw = _rms_norm_backward_op(dy, h, weight, dh, ctx.eps, ctx.weight_offset, True, need_w)
+    with coverage.backward_of(ctx):
+        dx, dw = _rms_norm_backward_op(dy, h, weight, dh, ctx.eps, ctx.weight_offset, True, need_w)
     # d/dx and d/dresidual of h = x + residual are the same tensor, as torch's add gives both.
     return dx if need_x else None, dx if need_r else None, dw if need_w else None, None, None
 

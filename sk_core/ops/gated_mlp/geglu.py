@@ -339,6 +339,7 @@ def _setup_context(ctx, inputs, output):
     ctx.approximate = approximate
     ctx.save_for_backward(x, ln_w, wg, wu, wd, stats, xn, gu)
     ctx.bias_dtypes = [b.dtype if b is not None else None for b in (ln_b, bg, bu, bd)]  # their grads are sums
+    coverage.note_forward(ctx)
 
 
 def _setup_op_context(ctx, inputs, output):
@@ -347,6 +348,11 @@ def _setup_op_context(ctx, inputs, output):
 
 
 def _backward(ctx, dy, *_):
+    with coverage.backward_of(ctx):
+        return _backward_body(ctx, dy)
+
+
+def _backward_body(ctx, dy):
     x, ln_w, wg, wu, wd, stats, xn, gu = ctx.saved_tensors
     if xn.numel() != x.numel():
         raise RuntimeError(f"sk.ops.{OP}: backward through a call made without autograd state; call it with "
