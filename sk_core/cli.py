@@ -30,7 +30,8 @@ def cmd_list(args) -> int:
         return 0
 
     table = Table(title="Kernel Coverage", show_lines=False)
-    for column in ("Op", "Precision", "Hardware", "Shape", "Provenance", "Training", "Inference"):
+    table.add_column("Op", no_wrap=True)  # names stay whole however narrow the terminal
+    for column in ("Precision", "Hardware", "Shape", "Provenance", "Training", "Inference"):
         table.add_column(column)
     tick = {True: "✓", False: "✗"}
     for e in coverage.table().values():
