@@ -198,6 +198,9 @@ def print_reports(found: list[dict], directory: str) -> None:
         violation = f", strict violation in {cov['strict_violation']['op']}" if cov.get("strict_violation") else ""
         print(f"  pid {r['pid']} {r['process']} rank={r['rank']}: kernel calls {cov['kernel_calls'] or '{}'}, "
               f"fallbacks {fallbacks}{violation}", file=sys.stderr)
+        fused = reports.fused_blocks_summary(r)
+        if fused and r["rank"] is not None:
+            print(f"    {fused}", file=sys.stderr)
     summary = sk.coverage.fallback_summary(reports.merge_reports(found)["coverage"])
     if summary:
         print("  fallbacks by op and reason (each shape: the JSON reports):", file=sys.stderr)

@@ -73,8 +73,12 @@ def current_report(_worker=None) -> dict | None:
     return _report_builder() if _report_builder is not None else None
 
 
-def process_report(engine: str, replaced: dict[str, str], rank: int | None, extra: dict | None = None) -> dict:
-    """This process's adapter report: what was replaced, where, and the coverage counts so far."""
+def process_report(engine: str, replaced: dict[str, str], rank: int | None, extra: dict | None = None,
+                   fused_blocks: dict | None = None) -> dict:
+    """This process's adapter report: what was replaced, where, and the coverage counts so far.
+
+    `fused_blocks` (adapters with fused decoder blocks): {"enabled", "layers_fused", "fused": {layer: what},
+    "engine_path": {layer: why}, "kernel_calls", "fallback_calls", "fallback_reasons"} of this process."""
     import sk
 
     return {
@@ -85,6 +89,7 @@ def process_report(engine: str, replaced: dict[str, str], rank: int | None, extr
         "process": multiprocessing.current_process().name,
         "replaced": replaced,
         **(extra or {}),
+        **({"fused_blocks": fused_blocks} if fused_blocks is not None else {}),
         "coverage": sk.coverage.report(),
     }
 
@@ -173,6 +178,26 @@ def model_process_reports(reports: Iterable[dict]) -> list[dict]:
     return [r for r in reports if r["rank"] is not None]
 
 
+def fused_blocks_summary(report: dict) -> str | None:
+    """One line on a process's fused decoder blocks: layers fused, calls (kernel / fallback), layers left and why."""
+    fb = report.get("fused_blocks")
+    if not fb:
+        return None
+    if not fb["enabled"]:
+        return f"fused blocks off ({fb['disabled']})"
+    if not fb["layers_fused"] and not fb["engine_path"]:
+        return "fused blocks: no decoder layer loaded here"
+    kernel = sum(fb["kernel_calls"].values())
+    line = (f"fused blocks: {fb['layers_fused']} decoder layers fused, {kernel + fb['fallback_calls']} calls "
+            f"({kernel} kernel, {fb['fallback_calls']} fallback)")
+    if fb["fallback_reasons"]:
+        line += f" [fallback: {'; '.join(fb['fallback_reasons'])}]"
+    if fb["engine_path"]:
+        reasons = sorted(set(fb["engine_path"].values()))
+        line += f"; {len(fb['engine_path'])} on the engine's path ({'; '.join(reasons)})"
+    return line
+
+
 def merge_reports(reports: Iterable[dict]) -> dict:
     """One summary over processes: coverage counts summed (see sk.coverage.merge_reports), per-rank calls kept."""
     import sk
@@ -181,7 +206,9 @@ def merge_reports(reports: Iterable[dict]) -> dict:
     return {
         "schema": REPORT_SCHEMA,
         "processes": [{"pid": r["pid"], "rank": r["rank"], "process": r["process"],
-                       "kernel_calls": r["coverage"]["kernel_calls"]} for r in reports],
+                       "kernel_calls": r["coverage"]["kernel_calls"],
+                       **({"fused_blocks": fused_blocks_summary(r)} if r.get("fused_blocks") else {})}
+                      for r in reports],
         "replaced": {k: v for r in reports for k, v in r["replaced"].items()},
         "coverage": sk.coverage.merge_reports(r["coverage"] for r in reports),
     }

@@ -7,6 +7,8 @@ SGLang's spawned scheduler/TP processes inherit. In each SGLang process, `load_p
   - the installed SGLang is checked (version, and the structure the hooks rely on) and anything else refused;
   - AROUND hooks in SGLang's HookRegistry route forward_cuda and forward_native of RMSNorm, GemmaRMSNorm,
     SiluAndMul and GeluAndMul to sk.ops (see `hooks.py`);
+  - AFTER hooks on the Llama/Qwen/Gemma decoder layers' __init__ make each layer's norm + MLP one
+    sk.ops.fused_gated_mlp call (`fused_blocks.py`; SK_FUSED_MLP=0 leaves them to the hooked layers above);
   - an AFTER hook on Scheduler.get_internal_state makes `Engine.get_server_info()` (HTTP: GET /server_info)
     write each scheduler's report into $SK_REPORT_DIR and return it under "standardkernels". SGLang kills its
     schedulers at shutdown, so a report written at exit never comes from them; other processes also write one
@@ -65,7 +67,13 @@ def report() -> dict:
     registration = _registration or {}
     extra = {"active": "replaced" in registration, "process_title": _process_title()}
     extra.update({k: v for k, v in registration.items() if k in ("sglang", "refused")})
-    return reports.process_report(ENGINE, registration.get("replaced", {}), _tensor_parallel_rank(), extra)
+    fused = None
+    if "replaced" in registration:
+        from sk.adapters.sglang import fused_blocks
+
+        fused = fused_blocks.report()
+    return reports.process_report(ENGINE, registration.get("replaced", {}), _tensor_parallel_rank(), extra,
+                                  fused_blocks=fused)
 
 
 def report_to_caller(internal_state: dict) -> None:

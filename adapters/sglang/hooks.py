@@ -29,6 +29,8 @@ import sk
 LAYERNORM = "sglang.srt.layers.layernorm"
 ACTIVATION = "sglang.srt.layers.activation"
 SCHEDULER_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+# The report's `replaced` entry of the fused decoder blocks (sk.adapters.sglang.fused_blocks).
+FUSED_BLOCKS_KEY = "decoder layers (norm + MLP)"
 
 
 def _record_delegation(op: str, reason: str, *tensors: torch.Tensor | None) -> None:
@@ -131,12 +133,16 @@ def install_hooks(report_to_caller: Callable[[dict], None]) -> dict[str, str]:
     """
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from sk.adapters.sglang import fused_blocks
+
     def report_in_internal_state(result, scheduler, recv_req):
         report_to_caller(result.internal_state)
 
     hooks = [(f"{module}.{cls}.{method}", hook, HookType.AROUND)
              for cls, (module, methods, _) in LAYER_HOOKS.items() for method, hook in methods.items()]
     hooks.append((SCHEDULER_STATE, report_in_internal_state, HookType.AFTER))
+    fused = fused_blocks.hooks()  # decoder layers' __init__: norm + MLP -> fused_gated_mlp (none when off)
+    hooks += [(target, hook, HookType.AFTER) for target, (hook, _) in fused.items()]
     originals = {target: pkgutil.resolve_name(target) for target, _, _ in hooks}
     for target, hook, kind in hooks:
         HookRegistry.register(target, hook, kind)
@@ -148,5 +154,7 @@ def install_hooks(report_to_caller: Callable[[dict], None]) -> dict[str, str]:
     if unpatched:
         raise RuntimeError(f"standardkernels could not hook {', '.join(unpatched)} through SGLang's HookRegistry "
                            f"(already patched by another plugin?); see SGLang's log for the reason")
-    return {cls: f"{module}.{cls}.forward_cuda/forward_native -> {what}"
-            for cls, (module, _, what) in LAYER_HOOKS.items()}
+    replaced = {cls: f"{module}.{cls}.forward_cuda/forward_native -> {what}"
+                for cls, (module, _, what) in LAYER_HOOKS.items()}
+    replaced[FUSED_BLOCKS_KEY] = fused_blocks.summary(fused)
+    return replaced

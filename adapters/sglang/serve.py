@@ -37,9 +37,15 @@ def activation_summary(strict: bool, report_dir: str) -> str:
     from sk.adapters.sglang.hooks import LAYER_HOOKS
     from sk.adapters.sglang.support import check_installed_sglang
 
+    from sk import settings
+    from sk.adapters.sglang.fused_blocks import DECODER_LAYERS
+
     build = check_installed_sglang()  # refuse here, before starting anything, when SGLang is unknown
+    fused = (f"decoder-layer norm + MLP via sk.ops.fused_gated_mlp in "
+             f"{', '.join(c for cs in DECODER_LAYERS.values() for c in cs)} where SGLang has them"
+             if settings.get("fused_mlp") else f"decoder-layer fused blocks off ({settings.env_name('fused_mlp')}=0)")
     return (f"standardkernels: ON for {build}; in every scheduler process: {', '.join(LAYER_HOOKS)} "
-            f"(forward_cuda and forward_native) via sk.ops; strict={'on' if strict else 'off'}; "
+            f"(forward_cuda and forward_native) via sk.ops; {fused}; strict={'on' if strict else 'off'}; "
             f"per-process reports in {report_dir} (schedulers write theirs when /server_info is asked)")
 
 

@@ -7,6 +7,8 @@ so installing standardkernels alone leaves vLLM stock. Importing this module imp
 Once on, in each process:
   - RMSNorm (plain and fused-residual, in place): our "sk" provider for vllm.ir rms_norm/fused_add_rms_norm;
   - GemmaRMSNorm, SiluAndMul, GeluAndMul (erf and tanh): subclasses whose every forward path calls sk.ops;
+  - decoder layers of the Llama and Gemma families (after weight loading): norm + MLP as one
+    sk.ops.fused_gated_mlp call (`fused_blocks.py`; SK_FUSED_MLP=0 leaves them to the layers above);
   - with SK_REPORT_DIR set, a JSON report (replaced layers, kernel calls, fallbacks) is written at exit.
 SK_STRICT=1 (sk-serve --strict) turns any fallback inside the engine into sk.CoverageError.
 """
@@ -23,6 +25,8 @@ ENGINE = "vllm"
 # Under vLLM's logger namespace so that its handler prints our line with the process prefix in every process.
 logger = logging.getLogger("vllm.standardkernels")
 
+# The report's `replaced` entry of the fused decoder blocks.
+FUSED_BLOCKS_KEY = "decoder layers (norm + MLP)"
 # Set by the first effective register() in this process.
 _registration: dict | None = None
 
@@ -37,6 +41,7 @@ def register() -> None:
     global _registration
     if _registration is not None or not reports.is_active(ENGINE):
         return
+    from sk.adapters.vllm import fused_blocks
     from sk.adapters.vllm.ir_providers import PROVIDER, register_providers
     from sk.adapters.vllm.layers import register_layers
     from sk.adapters.vllm.support import check_installed_vllm
@@ -45,6 +50,7 @@ def register() -> None:
     replaced = register_layers()
     for op in register_providers():
         replaced[f"vllm.ir.ops.{op}"] = f"provider {PROVIDER!r} (first in IR op priority)"
+    replaced[FUSED_BLOCKS_KEY] = fused_blocks.install()
     _forget_cached_gemma_activation()
     _registration = {"vllm": build, "replaced": replaced}
     reports.set_report_builder(report)
@@ -61,8 +67,11 @@ def report(_worker=None) -> dict:
     """
     if _registration is None:
         return reports.process_report(ENGINE, {}, _tensor_parallel_rank(), {"active": False})
+    from sk.adapters.vllm import fused_blocks
+
     return reports.process_report(ENGINE, _registration["replaced"], _tensor_parallel_rank(),
-                                  {"active": True, "vllm": _registration["vllm"]})
+                                  {"active": True, "vllm": _registration["vllm"]},
+                                  fused_blocks=fused_blocks.report())
 
 
 def _tensor_parallel_rank() -> int | None:

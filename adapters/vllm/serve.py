@@ -22,10 +22,16 @@ def engine_command(model: str, engine_args: list[str], drain_s: int) -> list[str
 def activation_summary(strict: bool, report_dir: str) -> str:
     from sk.adapters.vllm.support import check_installed_vllm
 
+    from sk import settings
+    from sk.adapters.vllm.support import FUSED_DECODER_LAYERS
+
     build = check_installed_vllm()  # refuse here, before starting anything, when the engine is unknown
+    classes = ", ".join(c for cs in FUSED_DECODER_LAYERS.values() for c in cs)
+    fused = (f"decoder-layer norm + MLP via sk.ops.fused_gated_mlp in {classes}" if settings.get("fused_mlp")
+             else f"decoder-layer fused blocks off ({settings.env_name('fused_mlp')}=0)")
     return (
         f"standardkernels: ON for {build}; in every engine process: RMSNorm (plain and fused-residual) via the "
-        f"vllm.ir provider 'sk', GemmaRMSNorm, SiluAndMul, GeluAndMul via sk.ops; "
+        f"vllm.ir provider 'sk', GemmaRMSNorm, SiluAndMul, GeluAndMul via sk.ops; {fused}; "
         f"strict={'on' if strict else 'off'}; per-process reports in {report_dir}"
     )
 

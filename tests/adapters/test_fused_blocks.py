@@ -1,0 +1,278 @@
+"""The decoder-layer fused blocks (sk.adapters.fused_blocks, sk.adapters.vllm.fused_blocks) without an engine.
+
+Stand-ins shaped like vLLM's classes (the attributes the plan reads: MergedColumnParallelLinear/RowParallelLinear
+with quant_method, tp_rank/tp_size, reduce_results; RMSNorm/GemmaRMSNorm; SiluAndMul/GeluAndMul; the decoder
+layer's forward) run in fp32 on CPU, where the op runs its recorded reference. Checked: the swapped layer returns
+what the stock layer returns (with and without a residual, gemma and llama forms); tensor-parallel shards (the
+partial products of each rank, summed as the engine's all-reduce sums them, bias on rank 0 only) equal the
+unsharded block; what the op does not cover keeps the engine path with the reason, and is an error naming the
+layer in strict mode; parameter names are kept; Dynamo traces the swapped layer whole.
+In-engine checks: test_vllm_parity.py (tokens equal stock, report counts), test_vllm_strict.py.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sk
+from sk.adapters import fused_blocks
+from sk.adapters.vllm import fused_blocks as vllm_blocks
+
+D, FF = 32, 48
+
+
+class UnquantizedLinearMethod:
+    pass
+
+
+class Fp8LinearMethod:
+    pass
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self, out_features, in_features, *, bias=False, tp_rank=0, tp_size=1, reduce_results=True,
+                 quant=UnquantizedLinearMethod):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(out_features, in_features) / in_features ** 0.5,
+                                         requires_grad=False)
+        self.bias = torch.nn.Parameter(torch.randn(out_features), requires_grad=False) if bias else None
+        self.quant_method = quant()
+        self.tp_rank, self.tp_size, self.reduce_results = tp_rank, tp_size, reduce_results
+        self.skip_bias_add, self.gather_output, self.input_is_parallel = False, False, True
+
+
+class MergedColumnParallelLinear(_Linear):
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias), None
+
+
+class RowParallelLinear(_Linear):
+    def forward(self, x):  # this rank's partial product; bias on rank 0 (the all-reduce is the test's)
+        return F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None), None
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(d), requires_grad=False)
+        self.variance_epsilon, self.has_weight, self.variance_size_override = eps, True, None
+
+    def scale(self):
+        return self.weight
+
+    def forward(self, x, residual=None):
+        h = x if residual is None else x + residual
+        out = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * self.scale()
+        return out if residual is None else (out, h)
+
+
+class GemmaRMSNorm(RMSNorm):
+    def scale(self):
+        return 1 + self.weight
+
+
+class SiluAndMul(torch.nn.Module):
+    def forward(self, x):
+        g, u = x.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+
+class GeluAndMul(torch.nn.Module):
+    def __init__(self, approximate="none"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x):
+        g, u = x.chunk(2, dim=-1)
+        return F.gelu(g, approximate=self.approximate) * u
+
+
+class LlamaMLP(torch.nn.Module):
+    def __init__(self, gate_up, down, act):
+        super().__init__()
+        self.gate_up_proj, self.down_proj, self.act_fn = gate_up, down, act
+
+    def forward(self, x):
+        x, _ = self.gate_up_proj(x)
+        x, _ = self.down_proj(self.act_fn(x))
+        return x
+
+
+class GemmaMLP(LlamaMLP):
+    pass
+
+
+class LlamaDecoderLayer(torch.nn.Module):
+    """The feed-forward half of vLLM's LlamaDecoderLayer.forward (the attention half is the identity here)."""
+    __module__ = "vllm.model_executor.models.llama"
+
+    def __init__(self, norm, mlp):
+        super().__init__()
+        self.mlp, self.post_attention_layernorm = mlp, norm
+
+    def forward(self, hidden_states, residual):
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        hidden_states = self.mlp(hidden_states)
+        return hidden_states, residual
+
+
+class GemmaDecoderLayer(LlamaDecoderLayer):
+    __module__ = "vllm.model_executor.models.gemma"
+
+
+class Model(torch.nn.Module):
+    def __init__(self, layers):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(layers)
+
+
+def _shards(full_gate_up, full_down, tp):
+    """vLLM's per-rank weights: gate rows then up rows of this rank's d_ff/tp; down's matching columns."""
+    gate, up = full_gate_up.chunk(2, dim=0)
+    f = FF // tp
+    return [(torch.cat([gate[r * f:(r + 1) * f], up[r * f:(r + 1) * f]]), full_down[:, r * f:(r + 1) * f])
+            for r in range(tp)]
+
+
+def _layer(style="llama", tp_rank=0, tp_size=1, bias=False, quant=UnquantizedLinearMethod, weights=None):
+    torch.manual_seed(0)
+    norm = (GemmaRMSNorm if style == "gemma" else RMSNorm)(D)
+    act = GeluAndMul("tanh") if style == "gemma" else SiluAndMul()
+    f = FF // tp_size
+    gate_up = MergedColumnParallelLinear(2 * f, D, bias=bias, tp_rank=tp_rank, tp_size=tp_size, quant=quant)
+    down = RowParallelLinear(D, f, bias=bias, tp_rank=tp_rank, tp_size=tp_size, quant=quant)
+    if weights is not None:
+        (gate_up.weight.data, down.weight.data), gate_up_bias, down_bias = weights
+        if bias:
+            gate_up.bias.data, down.bias.data = gate_up_bias, down_bias
+    mlp = (GemmaMLP if style == "gemma" else LlamaMLP)(gate_up, down, act)
+    return (GemmaDecoderLayer if style == "gemma" else LlamaDecoderLayer)(norm, mlp)
+
+
+def _fuse(model, all_reduce=lambda t: t):
+    blocks = fused_blocks.FusedBlocks()
+    return vllm_blocks.fuse_model(model, vllm_blocks.plan_model(model, cpu=False), blocks, all_reduce=all_reduce)
+
+
+@pytest.mark.parametrize("style", ["llama", "gemma"])
+def test_fused_layer_returns_what_the_stock_layer_returns(style):
+    layer = _layer(style, bias=style == "llama")
+    model = Model([layer])
+    x, residual = torch.randn(2, 5, D), torch.randn(2, 5, D)
+    expected = layer(x, residual)
+    names = [n for n, _ in model.named_parameters()]
+    sk.coverage.reset()
+    blocks = _fuse(model)
+    assert list(blocks.fused) == ["layers.0"] and blocks.engine_path == {}
+    assert isinstance(layer.post_attention_layernorm, fused_blocks.FusedNormMLP)
+    assert isinstance(layer.mlp, fused_blocks.MlpComputedByNorm)
+    assert [n for n, _ in model.named_parameters()] == names  # loading and reloading see the same names
+    out, h = layer(x, residual)
+    torch.testing.assert_close(h, expected[1])
+    torch.testing.assert_close(out, expected[0])
+    # Without a residual the norm returns one tensor, as the stock one does.
+    torch.testing.assert_close(layer.mlp(layer.post_attention_layernorm(x)), _stock_no_residual(style, x))
+    report = blocks.report()
+    name = f"fused_gated_mlp/{'gemma_rms' if style == 'gemma' else 'rms'}"
+    assert report["layers_fused"] == 1 and report["fallback_calls"] == 2, report
+    assert any(f["op"] == name for f in sk.coverage.report()["fallbacks"])
+
+
+def _stock_no_residual(style, x):
+    layer = _layer(style, bias=style == "llama")
+    return layer.mlp(layer.post_attention_layernorm(x))
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("bias", [False, True])
+def test_shards_summed_by_the_engine_equal_the_unsharded_block(tp, bias):
+    full = _layer(bias=bias)
+    x, residual = torch.randn(7, D), torch.randn(7, D)
+    expected_out, expected_h = full(x, residual)
+    shards = _shards(full.mlp.gate_up_proj.weight.data, full.mlp.down_proj.weight.data, tp)
+    gate_bias = full.mlp.gate_up_proj.bias.data.chunk(2) if bias else None
+    partials, reduced_calls = [], []
+    for rank, (gate_up, down) in enumerate(shards):
+        f = FF // tp
+        gub = (torch.cat([gate_bias[0][rank * f:(rank + 1) * f], gate_bias[1][rank * f:(rank + 1) * f]])
+               if bias else None)
+        layer = _layer(tp_rank=rank, tp_size=tp, bias=bias,
+                       weights=((gate_up, down), gub, full.mlp.down_proj.bias.data if bias else None))
+        layer.post_attention_layernorm.weight.data = full.post_attention_layernorm.weight.data
+        blocks = _fuse(Model([layer]), all_reduce=lambda t: reduced_calls.append(t.shape) or t)
+        plan = layer.post_attention_layernorm.sk_plan
+        assert blocks.fused and plan.reduce and plan.down_bias_here == (rank == 0)
+        assert tuple(layer.mlp.gate_up_proj.weight.shape) == (2 * FF // tp, D)
+        out, h = layer(x, residual)
+        torch.testing.assert_close(h, expected_h)
+        partials.append(out)
+    assert len(reduced_calls) == tp  # every rank hands its partial product to the engine's all-reduce
+    torch.testing.assert_close(sum(partials), expected_out)
+
+
+def test_no_reduce_at_tp1_or_without_reduce_results():
+    layer = _layer()
+    _fuse(Model([layer]), all_reduce=lambda t: pytest.fail("no all-reduce at tp=1"))
+    assert not layer.post_attention_layernorm.sk_plan.reduce
+    layer = _layer(tp_size=2)
+    layer.mlp.down_proj.reduce_results = False
+    _fuse(Model([layer]), all_reduce=lambda t: pytest.fail("reduce_results=False: the caller reduces"))
+    layer(torch.randn(3, D), torch.randn(3, D))
+
+
+def _uncovered():
+    quantized = _layer(quant=Fp8LinearMethod)
+    unknown_mlp = _layer()
+    unknown_mlp.mlp.__class__ = type("FancyMLP", (LlamaMLP,), {})
+    partial_norm = _layer()
+    partial_norm.post_attention_layernorm.variance_size_override = 16
+    return Model([_layer(), quantized, unknown_mlp, partial_norm])
+
+
+def test_uncovered_layers_keep_the_engine_path_with_the_reason():
+    model = _uncovered()
+    blocks = _fuse(model)
+    assert list(blocks.fused) == ["layers.0"]
+    assert blocks.engine_path == {
+        "layers.1": "LlamaDecoderLayer: gate_up_proj is quantized (Fp8LinearMethod)",
+        "layers.2": "LlamaDecoderLayer: unknown MLP class FancyMLP",
+        "layers.3": "LlamaDecoderLayer: post_attention_layernorm takes the variance over part of the hidden size "
+                    "(var_hidden_size)",
+    }
+    assert not isinstance(model.layers[1].mlp, fused_blocks.MlpComputedByNorm)
+    summary = sk.reports.fused_blocks_summary({"fused_blocks": blocks.report()})
+    assert summary.startswith("fused blocks: 1 decoder layers fused") and "3 on the engine's path" in summary
+    # LoRA: every layer keeps vLLM's path (vLLM wraps the linears after loading).
+    lora = Model([_layer()])
+    plans = vllm_blocks.plan_model(lora, type("Cfg", (), {"lora_config": object()})(), cpu=False)
+    assert plans == {"layers.0": "LoRA is enabled (vLLM wraps the linears after loading)"}
+
+
+def test_strict_mode_makes_an_uncovered_layer_an_error_naming_it():
+    model = _uncovered()
+    with sk.coverage.strict(), pytest.raises(fused_blocks.UncoveredLayerError,
+                                             match=r"decoder layer layers\.1 \(LlamaDecoderLayer\).*quantized"):
+        _fuse(model)
+
+
+def test_cpu_planned_projections_keep_their_plain_weights():
+    layer = _layer()
+    vllm_blocks.plan_model(Model([layer]), cpu=True)
+    assert layer.mlp.gate_up_proj._cpu_skip_gemm_dispatch and layer.mlp.down_proj._cpu_skip_gemm_dispatch
+
+
+def test_switch_off_fuses_nothing():
+    try:
+        with sk.settings.override(fused_mlp=False):
+            assert vllm_blocks.install() == "off (SK_FUSED_MLP=0)"
+        assert vllm_blocks.report()["enabled"] is False
+    finally:
+        vllm_blocks.BLOCKS.disabled = None
+
+
+def test_dynamo_traces_the_fused_layer_whole():
+    layer = _layer("gemma")
+    _fuse(Model([layer]))
+    x, residual = torch.randn(4, D), torch.randn(4, D)
+    eager = layer(x, residual)
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")(x, residual)
+    torch.testing.assert_close(compiled, eager)

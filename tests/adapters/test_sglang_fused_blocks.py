@@ -1,0 +1,362 @@
+"""SGLang's decoder-layer swap (sk.adapters.sglang.fused_blocks) at the layer level, without SGLang.
+
+There is no SGLang on the CPU machines, so fakes stand in for it, shaped like SGLang 0.5.17's classes where the
+swap reads them: `sglang.srt.models.llama` (LlamaMLP, LlamaDecoderLayer.forward(positions, hidden_states,
+forward_batch, residual)), `sglang.srt.models.gemma2` (pre/post feed-forward GemmaRMSNorms around the MLP, tanh
+GELU), `sglang.srt.models.qwen3` (norms run by a LayerCommunicator), the layers' attributes (RMSNorm options,
+MergedColumnParallelLinear/RowParallelLinear with quant_method and tp_rank/tp_size/reduce_results), and a
+HookRegistry with SGLang's AFTER semantics (`hook(result, *args, **kwargs)`, wrapper with `__wrapped__`).
+Checked: built under the hooks, a layer's norm + MLP are one fused_gated_mlp call (its recorded reference on CPU)
+returning what the stock layer returns; layouts and options the op does not cover keep SGLang's path with the
+reason, an error naming the layer in strict mode; SK_FUSED_MLP=0 installs nothing; tensor-parallel shards;
+Dynamo traces the fused layer whole. The real-SGLang layer checks are test_sglang_plugin.py (SGLang venv).
+"""
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sk
+from sk.adapters import fused_blocks
+
+D, FF = 32, 48
+LLAMA, GEMMA2, QWEN3 = "sglang.srt.models.llama", "sglang.srt.models.gemma2", "sglang.srt.models.qwen3"
+
+
+# ------------------------------------------------------------------------------- SGLang-shaped fakes
+
+class HookType:
+    AROUND, AFTER = "around", "after"
+
+
+class HookRegistry:
+    """SGLang's registry as the adapter uses it: register by dotted path, apply once per target."""
+    _hooks: dict = {}
+    _patched: set = set()
+
+    @classmethod
+    def register(cls, target, hook, kind):
+        cls._hooks.setdefault(target, []).append((hook, kind))
+
+    @classmethod
+    def apply_hooks(cls):
+        import functools
+
+        for target, hooks in cls._hooks.items():
+            if target in cls._patched:
+                continue
+            module, cls_name, attr = target.rsplit(".", 2)  # (the fakes' parents are not importable)
+            owner = getattr(sys.modules[module], cls_name)
+            original = getattr(owner, attr)
+            (hook, kind), = hooks
+            assert kind == HookType.AFTER
+
+            @functools.wraps(original)
+            def wrapper(*args, _original=original, _hook=hook, **kwargs):
+                result = _original(*args, **kwargs)
+                new = _hook(result, *args, **kwargs)
+                return result if new is None else new
+
+            setattr(owner, attr, wrapper)
+            cls._patched.add(target)
+
+
+class UnquantizedLinearMethod:
+    pass
+
+
+class W8A8Int8LinearMethod:
+    pass
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self, out_features, in_features, tp_rank=0, tp_size=1, quant=UnquantizedLinearMethod,
+                 reduce_results=True):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(out_features, in_features) / in_features ** 0.5,
+                                         requires_grad=False)
+        self.bias = None
+        self.quant_method = quant()
+        self.tp_rank, self.tp_size, self.reduce_results = tp_rank, tp_size, reduce_results
+        self.skip_bias_add, self.gather_output, self.input_is_parallel = False, False, True
+
+    def forward(self, x):
+        return F.linear(x, self.weight), None
+
+
+class MergedColumnParallelLinear(_Linear):
+    pass
+
+
+class RowParallelLinear(_Linear):
+    pass
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, hidden_size, eps=1e-6, var_hidden_size=None, cast_x_before_out_mul=False,
+                 fp32_residual=False, has_weight=True, weight_dtype=None, override_orig_dtype=None):
+        super().__init__()
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(hidden_size), requires_grad=False)
+        self.variance_epsilon = eps
+        self.variance_size_override = var_hidden_size
+        self.cast_x_before_out_mul, self.fp32_residual = cast_x_before_out_mul, fp32_residual
+        self.has_weight, self.override_orig_dtype = has_weight, override_orig_dtype
+
+    def scale(self):
+        return self.weight
+
+    def forward(self, x, residual=None, post_residual_addition=None):
+        h = x if residual is None else x + residual
+        out = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * self.scale()
+        return out if residual is None else (out, h)
+
+
+class GemmaRMSNorm(RMSNorm):
+    def scale(self):
+        return 1 + self.weight
+
+
+class SiluAndMul(torch.nn.Module):
+    def forward(self, x):
+        g, u = x.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+
+class GeluAndMul(torch.nn.Module):
+    def __init__(self, approximate="tanh"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x):
+        g, u = x.chunk(2, dim=-1)
+        return F.gelu(g, approximate=self.approximate) * u
+
+
+class LlamaMLP(torch.nn.Module):
+    __module__ = LLAMA
+
+    def __init__(self, hidden_size, intermediate_size, tp_rank=0, tp_size=1, quant=UnquantizedLinearMethod,
+                 act=None):
+        super().__init__()
+        f = intermediate_size // tp_size
+        self.gate_up_proj = MergedColumnParallelLinear(2 * f, hidden_size, tp_rank, tp_size, quant)
+        self.down_proj = RowParallelLinear(hidden_size, f, tp_rank, tp_size, quant)
+        self.act_fn = act or SiluAndMul()
+
+    def forward(self, x, forward_batch=None):
+        gate_up, _ = self.gate_up_proj(x)
+        x = self.act_fn(gate_up)
+        x, _ = self.down_proj(x)
+        return x
+
+
+class LlamaDecoderLayer(torch.nn.Module):
+    __module__ = LLAMA
+
+    def __init__(self, config=None, layer_id=0, quant_config=None, prefix="", tp_rank=0, tp_size=1,
+                 quant=UnquantizedLinearMethod, norm_options=None):
+        super().__init__()
+        torch.manual_seed(layer_id)
+        self.self_attn = torch.nn.Identity()  # the attention half is not what is swapped
+        self.mlp = LlamaMLP(D, FF, tp_rank, tp_size, quant)
+        self.input_layernorm = RMSNorm(D)
+        self.post_attention_layernorm = RMSNorm(D, **(norm_options or {}))
+
+    def forward(self, positions, hidden_states, forward_batch, residual):
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(hidden_states)
+
+        # Fully Connected
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        hidden_states = self.mlp(hidden_states)
+        return hidden_states, residual
+
+
+class Gemma2MLP(LlamaMLP):
+    __module__ = GEMMA2
+
+
+class Gemma2DecoderLayer(torch.nn.Module):
+    __module__ = GEMMA2
+
+    def __init__(self, layer_id=0, config=None, quant_config=None, prefix=""):
+        super().__init__()
+        torch.manual_seed(layer_id)
+        self.mlp = Gemma2MLP(D, FF, act=GeluAndMul("tanh"))
+        self.input_layernorm = GemmaRMSNorm(D)
+        self.post_attention_layernorm = GemmaRMSNorm(D)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(D)
+        self.post_feedforward_layernorm = GemmaRMSNorm(D)
+
+    def forward(self, positions, hidden_states, residual, forward_batch):
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.post_attention_layernorm(hidden_states)
+
+        hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
+        hidden_states = self.mlp(hidden_states)
+        hidden_states = self.post_feedforward_layernorm(hidden_states)
+        return hidden_states, residual
+
+
+class Qwen3DecoderLayer(torch.nn.Module):
+    __module__ = QWEN3
+
+    def __init__(self, config=None, layer_id=0, quant_config=None, prefix=""):
+        super().__init__()
+        self.mlp = LlamaMLP(D, FF)
+        self.input_layernorm = RMSNorm(D)
+        self.post_attention_layernorm = RMSNorm(D)
+        self.layer_communicator = object()
+
+    def forward(self, positions, hidden_states, forward_batch, residual):
+        hidden_states, residual = self.layer_communicator.prepare_mlp(hidden_states, residual, forward_batch)
+        hidden_states = self.mlp(hidden_states, forward_batch)
+        return hidden_states, residual
+
+
+def _modules() -> dict[str, types.ModuleType]:
+    found = {}
+    for name, classes in {LLAMA: [LlamaMLP, LlamaDecoderLayer], GEMMA2: [Gemma2MLP, Gemma2DecoderLayer],
+                          QWEN3: [Qwen3DecoderLayer]}.items():
+        module = types.ModuleType(name)
+        for cls in classes:
+            setattr(module, cls.__name__, cls)
+        found[name] = module
+    registry = types.ModuleType("sglang.srt.plugins.hook_registry")
+    registry.HookRegistry, registry.HookType = HookRegistry, HookType
+    found[registry.__name__] = registry
+    distributed = types.ModuleType("sglang.srt.distributed")
+    distributed.tensor_model_parallel_all_reduce = lambda t: pytest.fail("no all-reduce at tp=1")
+    found[distributed.__name__] = distributed
+    return found
+
+
+@pytest.fixture
+def sglang(monkeypatch):
+    """The fakes importable under SGLang's module names, the hooks applied (and undone afterwards)."""
+    from sk.adapters.sglang import fused_blocks as sglang_blocks
+
+    inits = {cls: cls.__init__ for cls in (LlamaDecoderLayer, Gemma2DecoderLayer, Qwen3DecoderLayer)}
+    for name, module in _modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(HookRegistry, "_hooks", {})
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    monkeypatch.setattr(sglang_blocks, "BLOCKS", fused_blocks.FusedBlocks())
+    sk.coverage.reset()
+
+    def apply():
+        installed = sglang_blocks.hooks()
+        for target, (hook, _) in installed.items():
+            HookRegistry.register(target, hook, HookType.AFTER)
+        HookRegistry.apply_hooks()
+        return installed
+
+    yield types.SimpleNamespace(apply=apply, blocks=lambda: sglang_blocks.BLOCKS, module=sglang_blocks)
+    for cls, init in inits.items():
+        cls.__init__ = init
+
+
+# ------------------------------------------------------------------------------------------------ checks
+
+def test_layers_built_under_the_hooks_are_fused_and_answer_as_stock(sglang):
+    stock_llama, stock_gemma = LlamaDecoderLayer(layer_id=3), Gemma2DecoderLayer(layer_id=4)
+    installed = sglang.apply()
+    assert set(installed) == {f"{LLAMA}.LlamaDecoderLayer.__init__", f"{GEMMA2}.Gemma2DecoderLayer.__init__",
+                              f"{QWEN3}.Qwen3DecoderLayer.__init__"}
+    assert LlamaDecoderLayer.__init__.__wrapped__ is not None
+    llama = LlamaDecoderLayer(layer_id=3, prefix="model.layers.3")
+    gemma = Gemma2DecoderLayer(layer_id=4, prefix="model.layers.4")
+    qwen3 = Qwen3DecoderLayer(layer_id=0, prefix="model.layers.0")
+    blocks = sglang.blocks()
+    assert blocks.fused == {
+        "model.layers.3": "LlamaDecoderLayer: post_attention_layernorm + mlp, norm=rms, activation=silu",
+        "model.layers.4": "Gemma2DecoderLayer: pre_feedforward_layernorm + mlp, norm=gemma_rms, activation=gelu_tanh",
+    }
+    assert blocks.engine_path == {"model.layers.0": "Qwen3DecoderLayer: Qwen3DecoderLayer.forward does not call "
+                                  "post_attention_layernorm(hidden_states, residual) then mlp(hidden_states) (the "
+                                  "layout the fused block was written for)"}
+    assert not isinstance(qwen3.mlp, fused_blocks.MlpComputedByNorm)
+    assert [n for n, _ in llama.named_parameters()] == [n for n, _ in stock_llama.named_parameters()]
+    x, residual = torch.randn(5, D), torch.randn(5, D)
+    for stock, fused, args in ((stock_llama, llama, lambda r: (None, x, None, r)),
+                               (stock_gemma, gemma, lambda r: (None, x, r, None))):
+        for r in (residual, None):  # the first layer gets no residual
+            expected, got = stock(*args(r)), fused(*args(r))
+            torch.testing.assert_close(got, expected)
+    report = blocks.report()
+    assert report["layers_fused"] == 2 and report["fallback_calls"] == 4
+    assert {f["op"] for f in sk.coverage.report()["fallbacks"]} >= {"fused_gated_mlp/rms", "fused_gated_mlp/gemma_rms"}
+    assert sglang.module.summary(installed).startswith(fused_blocks.WHAT)
+
+
+def test_options_the_op_does_not_cover_keep_sglangs_path(sglang):
+    sglang.apply()
+    LlamaDecoderLayer(prefix="model.layers.0", quant=W8A8Int8LinearMethod)
+    LlamaDecoderLayer(prefix="model.layers.1", norm_options={"fp32_residual": True})
+    LlamaDecoderLayer(prefix="model.layers.2", norm_options={"var_hidden_size": 16})
+    assert sglang.blocks().engine_path == {
+        "model.layers.0": "LlamaDecoderLayer: gate_up_proj is quantized (W8A8Int8LinearMethod)",
+        "model.layers.1": "LlamaDecoderLayer: post_attention_layernorm: fp32 residual (fp32_residual)",
+        "model.layers.2": "LlamaDecoderLayer: post_attention_layernorm: variance over part of the hidden size "
+                          "(var_hidden_size)",
+    }
+    assert sglang.blocks().fused == {}
+
+
+def test_strict_mode_makes_an_uncovered_layer_an_error_naming_it(sglang):
+    sglang.apply()
+    with sk.coverage.strict(), pytest.raises(fused_blocks.UncoveredLayerError,
+                                             match=r"decoder layer model\.layers\.7 \(LlamaDecoderLayer\) keeps "
+                                                   r"SGLang's own norm \+ MLP.*quantized"):
+        LlamaDecoderLayer(prefix="model.layers.7", quant=W8A8Int8LinearMethod)
+
+
+def test_switch_off_installs_no_hook(sglang):
+    with sk.settings.override(fused_mlp=False):
+        installed = sglang.apply()
+    assert installed == {} and sglang.module.summary(installed) == "off (SK_FUSED_MLP=0)"
+    assert not isinstance(LlamaDecoderLayer().mlp, fused_blocks.MlpComputedByNorm)
+    assert sglang.blocks().report()["enabled"] is False
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_shards_reduced_by_sglang_equal_the_unsharded_block(sglang, tp):
+    full = LlamaDecoderLayer(layer_id=1)
+    sglang.apply()
+    x, residual = torch.randn(6, D), torch.randn(6, D)
+    expected_out, expected_h = full(None, x, None, residual)
+    gate, up = full.mlp.gate_up_proj.weight.data.chunk(2)
+    down = full.mlp.down_proj.weight.data
+    f, partials, reduced = FF // tp, [], []
+    for rank in range(tp):
+        layer = LlamaDecoderLayer(layer_id=1, tp_rank=rank, tp_size=tp)
+        layer.mlp.gate_up_proj.weight.data = torch.cat([gate[rank * f:(rank + 1) * f], up[rank * f:(rank + 1) * f]])
+        layer.mlp.down_proj.weight.data = down[:, rank * f:(rank + 1) * f]  # loaded after construction
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            getattr(layer, norm).weight.data = getattr(full, norm).weight.data
+        layer.post_attention_layernorm.__dict__["sk_all_reduce"] = lambda t: reduced.append(rank) or t
+        assert layer.post_attention_layernorm.sk_plan.reduce
+        out, h = layer(None, x, None, residual)
+        torch.testing.assert_close(h, expected_h)
+        partials.append(out)
+    assert reduced == list(range(tp))
+    torch.testing.assert_close(sum(partials), expected_out)
+
+
+def test_dynamo_traces_the_fused_layer_whole(sglang):
+    sglang.apply()
+    layer = Gemma2DecoderLayer(prefix="model.layers.0")
+    x, residual = torch.randn(4, D), torch.randn(4, D)
+    eager = layer(None, x, residual, None)
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")(None, x, residual, None)
+    torch.testing.assert_close(compiled, eager)
