@@ -96,10 +96,11 @@ SETTINGS: dict[str, Setting] = {
         "`0`: the kernels of `fused_gated_mlp` launch in plain stream order instead of as programmatic dependent "
         "launches (Hopper) where their config asks for them. Off under the Triton interpreter."),
     "fused_mlp": Setting(
-        "SK_FUSED_MLP", "1", _flag,
-        "`0`: the engine adapters leave each decoder layer's post-attention norm + MLP to the engine's own layers "
-        "(our norm and activation ops) instead of one `fused_gated_mlp` call; for A/B runs. Read by every engine "
-        "process.", live=True),
+        "SK_FUSED_MLP", "0", _flag,
+        "`1`: the engine adapters make each decoder layer's post-attention norm + MLP one `fused_gated_mlp` call "
+        "(opt-in until its bf16 token parity and paired speed are measured in both engines on the H200); `0`: the "
+        "engine's own layers run them, with our norm and activation ops. Read by every engine process.",
+        live=True),
     "step_graphs": Setting(
         "SK_STEP_GRAPHS", "1", _flag,
         "`0`: eager training steps of `fused_pre_norm_geglu` launch from Python every time instead of being "

@@ -23,6 +23,6 @@ def vllm_python() -> str:
 def engine_env(tmp_path_factory) -> dict[str, str]:
     """Environment for engine subprocesses: no adapter switches inherited, a compile cache of this session."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("SK_ADAPTERS", "SK_STRICT", "SK_REPORT_DIR", "TRITON_INTERPRET")}
+           if k not in ("SK_ADAPTERS", "SK_STRICT", "SK_REPORT_DIR", "TRITON_INTERPRET", "SK_FUSED_MLP")}
     env["VLLM_CACHE_ROOT"] = str(tmp_path_factory.mktemp("vllm-cache"))
     return env

@@ -17,6 +17,12 @@ import sk
 from sk.adapters import fused_blocks
 from sk.adapters.vllm import fused_blocks as vllm_blocks
 
+
+@pytest.fixture(autouse=True)
+def _fused_blocks_on(settings_override):
+    settings_override(fused_mlp=True)  # opt-in (SK_FUSED_MLP=1); the switch-off test overrides it back
+
+
 D, FF = 32, 48
 
 

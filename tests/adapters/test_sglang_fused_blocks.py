@@ -21,6 +21,12 @@ import torch.nn.functional as F
 import sk
 from sk.adapters import fused_blocks
 
+
+@pytest.fixture(autouse=True)
+def _fused_blocks_on(settings_override):
+    settings_override(fused_mlp=True)  # opt-in (SK_FUSED_MLP=1); the switch-off test overrides it back
+
+
 D, FF = 32, 48
 LLAMA, GEMMA2, QWEN3 = "sglang.srt.models.llama", "sglang.srt.models.gemma2", "sglang.srt.models.qwen3"
 

@@ -167,12 +167,14 @@ def unknown_vllm_is_refused():
 def unknown_decoder_layout_refused():
     # A decoder layer whose forward is not `<norm>(hidden_states, residual)` then `mlp(hidden_states)` is refused
     # by name (with the switch that leaves the decoder MLPs to vLLM), not half-fused.
+    import sk
     import sk.adapters.vllm.support as support
 
     layers = support.FUSED_DECODER_LAYERS["vllm.model_executor.models.llama"]
     layers["LlamaDecoderLayer"] = "input_layernorm"
     try:
-        support.check_installed_vllm()
+        with sk.settings.override(fused_mlp=True):  # the fused blocks are opt-in
+            support.check_installed_vllm()
     except support.UnsupportedVllmError as e:
         assert "vllm.model_executor.models.llama.LlamaDecoderLayer.forward does not end with input_layernorm" \
             in str(e) and "SK_FUSED_MLP=0" in str(e), str(e)
