@@ -102,9 +102,7 @@ def launch_config(n_rows: int, d: int) -> tuple[int, int]:
     return block, max(1, min(8, block // 256))
 
 
-def launch(x2: torch.Tensor, y2: torch.Tensor, activation: str) -> None:
-    """The kernel on 2-D views with unit stride along the last dim, no checks (for ops that run it inside
-    their own, e.g. `fused_pre_norm_geglu`'s training forward); activation: "silu", "gelu", "gelu_tanh"."""
+def _launch(x2: torch.Tensor, y2: torch.Tensor, activation: str) -> None:
     n_rows, d = y2.shape
     if n_rows == 0 or d == 0:
         return
@@ -112,6 +110,11 @@ def launch(x2: torch.Tensor, y2: torch.Tensor, activation: str) -> None:
     _act_and_mul_kernel[(n_rows, triton.cdiv(d, block))](
         x2, x2.stride(0), y2, y2.stride(0), n_rows, d, ACT=activation, BLOCK=block, num_warps=num_warps
     )
+
+
+# The launcher without checks, for ops that run this kernel inside their own (`fused_pre_norm_geglu`'s training
+# forward): 2-D views with unit stride along the last dim; activation "silu", "gelu" or "gelu_tanh".
+launch = _launch
 
 
 def _launch_backward(dy2: torch.Tensor, x2: torch.Tensor, dx2: torch.Tensor, activation: str) -> None:
@@ -174,7 +177,7 @@ def _compute_into(y: torch.Tensor, x: torch.Tensor, activation: str) -> None:
         y.copy_(act_and_mul_reference(x, activation))
         return
     y2 = rows_view(y)
-    launch(rows_view(x), y2, activation)
+    _launch(rows_view(x), y2, activation)
     if y2.data_ptr() != y.data_ptr():  # `out` was not viewable as rows: write the result back
         y.copy_(y2.view(y.shape))
 
