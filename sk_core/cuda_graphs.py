@@ -20,6 +20,7 @@ over `graph.replay()` (results/h200/geglu/README.md measures it).
 """
 from __future__ import annotations
 
+import operator
 from typing import Sequence
 
 import torch
@@ -68,16 +69,16 @@ class GraphedCallable:
         statics = self._static_inputs
         if len(args) != len(statics):
             raise ValueError(f"graphed callable: expected {len(statics)} inputs, got {len(args)}")
-        for i, (a, sig) in enumerate(zip(args, self._signature)):
-            if type(a) is not torch.Tensor or _signature(a) != sig:
-                _check_input(i, a, statics[i])
+        if tuple(map(_signature, args)) != self._signature:
+            for i, (a, s) in enumerate(zip(args, statics)):
+                _check_input(i, a, s)
         if not self._params.unchanged():
             raise RuntimeError(
                 "graphed callable: a parameter or buffer of the module changed (in place or reassigned) after "
                 "capture; the graph would keep using the captured values. Call make_graphed_callables again.")
         # Context managers cost microseconds a call: entered only where needed. Buffers made under inference mode
         # can be written only inside it; an input that requires grad would give the buffer autograd history.
-        if (self._inference and not torch.is_inference_mode_enabled()) or any(a.requires_grad for a in args):
+        if (self._inference and not torch.is_inference_mode_enabled()) or True in map(_requires_grad, args):
             with torch.inference_mode(self._inference), torch.no_grad():
                 for a, s in zip(args, statics):
                     s.copy_(a)
@@ -108,28 +109,65 @@ def _check_input(i: int, a, s: torch.Tensor) -> None:
                              f"{want}; every input must match its sample (capture another graph for it)")
 
 
-def _signature(t: torch.Tensor) -> tuple:
+def _signature(t) -> tuple | None:
+    if type(t) is not torch.Tensor:
+        return None
     return (t.shape, t.dtype, t.device, t.layout, t.stride())
 
 
+_requires_grad = operator.attrgetter("requires_grad")
+_version = operator.attrgetter("_version")
+_data_ptr = torch.Tensor.data_ptr
+# Bumped by torch's global hooks whenever any module anywhere registers or reassigns a parameter, buffer or
+# sub-module: while it is unchanged, no slot of a snapshot can hold another tensor (see _Snapshot.unchanged).
+_registrations = 0
+
+
+def _registered(*_) -> None:
+    global _registrations
+    _registrations += 1
+
+
+def _watch_registrations() -> None:
+    from torch.nn.modules import module as nn_module
+
+    if getattr(_watch_registrations, "done", False):
+        return
+    nn_module.register_module_parameter_registration_hook(_registered)
+    nn_module.register_module_buffer_registration_hook(_registered)
+    nn_module.register_module_module_registration_hook(_registered)
+    _watch_registrations.done = True
+
+
 class _Snapshot:
-    """Each parameter's and buffer's owner slot, object, storage and version at capture, checked per call."""
+    """Each parameter's and buffer's owner slot, object, storage and version at capture, checked per call.
+
+    Per call: the version counters (in-place updates), the storages (`.data =`) and the sizes of every owner's
+    tables (deletions) are compared as tuples; each slot's object is compared only after some module of the
+    process registered or reassigned a tensor or module (torch's global registration hooks count those)."""
 
     def __init__(self, module: torch.nn.Module):
-        self._slots = []  # (owner's _parameters or _buffers dict, name, tensor, data_ptr, version or None)
-        self._sizes = []  # (dict, number of entries): a tensor registered after capture changes it
+        _watch_registrations()
+        self._slots = []  # (owner's _parameters or _buffers dict, name, tensor)
+        self._tables = []  # every owner's _parameters, _buffers and _modules: a size changes on any deletion
         for sub in module.modules():
+            self._tables += [sub._parameters, sub._buffers, sub._modules]
             for table in (sub._parameters, sub._buffers):
-                self._sizes.append((table, len(table)))
-                for name, t in table.items():
-                    if t is not None:
-                        self._slots.append((table, name, t, t.data_ptr(), None if t.is_inference() else t._version))
-        # Sub-modules added or removed after capture: their tensors would escape the slots above.
-        self._modules = [(sub._modules, len(sub._modules)) for sub in module.modules()]
+                self._slots += [(table, name, t) for name, t in table.items() if t is not None]
+        tensors = [t for _, _, t in self._slots]
+        self._tensors = tuple(tensors)
+        self._versioned = tuple(t for t in tensors if not t.is_inference())  # inference tensors have no counter
+        self._sizes = tuple(map(len, self._tables))
+        self._ptrs = tuple(map(_data_ptr, tensors))
+        self._versions = tuple(map(_version, self._versioned))
+        self._registrations = _registrations
 
     def unchanged(self) -> bool:
-        for table, name, t, ptr, version in self._slots:
-            if table.get(name) is not t or t.data_ptr() != ptr or (version is not None and t._version != version):
+        if (tuple(map(_version, self._versioned)) != self._versions or tuple(map(_data_ptr, self._tensors)) != self._ptrs
+                or tuple(map(len, self._tables)) != self._sizes):
+            return False
+        if self._registrations != _registrations:
+            if any(table.get(name) is not t for table, name, t in self._slots):
                 return False
-        return (all(len(table) == n for table, n in self._sizes)
-                and all(len(children) == n for children, n in self._modules))
+            self._registrations = _registrations
+        return True

@@ -134,6 +134,33 @@ def test_interpreted_launch_variants(launch, m, residual, poisoned_outputs):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("norm,activation", [("rms", "silu"), ("gemma_rms", "gelu_tanh"), ("gemma_rms", "gelu")])
+@pytest.mark.parametrize("residual", [True, False])
+def test_interpreted_rows_above_the_fused_limit_compose_our_norm_and_act_with_gemms(norm, activation, residual,
+                                                                                      monkeypatch, poisoned_outputs):
+    """Above FUSED_MAX_M rows the op runs our norm and activation kernels around two GEMMs (fp16; biases on):
+    the fused kernels are not launched, the answer matches fp64, h is x + residual rounded once; at the
+    limit the fused kernels run."""
+    d, ff, m = 64, 96, tk.FUSED_MAX_M + 1
+    block = make_block(d, ff, norm, seed=7)
+    block = {k: v if v is None or k == "norm_weight" else v.half() for k, v in block.items()}
+    x = make_x(m, d, torch.float16)
+    r = make_x(m, d, torch.float16, seed=2, mean=0.0) if residual else None
+    fused_calls = []
+    real = tk.forward_kernels
+    monkeypatch.setattr(tk, "forward_kernels", lambda *a, **k: fused_calls.append(a[0].shape[0]) or real(*a, **k))
+    with torch.no_grad(), sk.coverage.strict():
+        out, h = call_op(block, x, r, norm, activation)
+        call_op(block, x[:tk.FUSED_MAX_M], None if r is None else r[:tk.FUSED_MAX_M], norm, activation)
+    assert fused_calls == [tk.FUSED_MAX_M]
+    assert rel_err(out, fp64(block, x, r, norm, activation)[0]) < TOL[torch.float16]
+    if residual:
+        assert torch.equal(h, (x.float() + r.float()).half())
+    else:
+        assert h is x
+
+
+@needs_interpreter
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_interpreted_op_on_tensor_parallel_shards(tp, poisoned_outputs):
     """The public op with the table's configs on d_ff shards of a base block (d_ff 256 / tp: the first d_ff/tp

@@ -3,7 +3,8 @@
 PyTorch reference.
 
 Dispatch: bf16/fp16 CUDA tensors on SM90 (or CPU tensors under TRITON_INTERPRET=1) with d_model and d_ff
-multiples of 8 within the table's limits run the kernels; anything else runs `gated_mlp_reference` and the
+multiples of 8 within the table's limits run the kernels: the fused ones up to `FUSED_MAX_M` rows, above it
+(norms "rms" and "gemma_rms") our norm and activation kernels around cuBLAS's two GEMMs; anything else runs `gated_mlp_reference` and the
 miss is recorded under the coverage row `fused_gated_mlp/<norm>` (an error under `sk.coverage.strict()`).
 With grad mode on and an input that requires grad, the forward is the same; its backward is autograd of the
 reference, recorded as a backward fallback (inference kernels only: training stays correct).
@@ -66,6 +67,9 @@ def _forward(
                                down_bias, eps, norm, activation)
         return out, (h if residual is not None else x.new_empty(0))
     dtype = x.dtype
+    if x.shape[0] > triton_kernels.FUSED_MAX_M and norm != "layer":
+        return _composed(x, residual, norm_weight, gate_up_weight, gate_up_bias, down_weight, down_bias, eps, norm,
+                         activation, name)
     gate_up = weights.prepared_gate_up(name, norm, norm_weight, norm_bias, gate_up_weight, gate_up_bias, dtype)
     wd = weights.prepared_down(name, down_weight, dtype)
     tma = triton_kernels.tma_ready
@@ -73,6 +77,30 @@ def _forward(
     return triton_kernels.forward_kernels(
         tma(x), None if residual is None else tma(residual), tma(gate_up.weight), gate_up.colsum, gate_up.shift,
         tma(wd), bd, eps, norm, activation)
+
+
+def _composed(x, residual, norm_weight, gate_up_weight, gate_up_bias, down_weight, down_bias, eps, norm, activation,
+              name):
+    """Above FUSED_MAX_M rows: our norm and activation kernels around cuBLAS's GEMMs (the engines' own sequence,
+    where cuBLAS's tiles beat the fused kernels'); weights in another dtype are cast once (`weight_cache`)."""
+    from sk.ops.act_and_mul import gelu_and_mul, silu_and_mul
+    from sk.ops.rms_norm import fused_add_rms_norm, gemma_fused_add_rms_norm, gemma_rms_norm, rms_norm
+
+    dtype = x.dtype
+    wg = weights.prepared_down(name, gate_up_weight, dtype)
+    wd = weights.prepared_down(name, down_weight, dtype)
+    if residual is None:
+        n = (rms_norm if norm == "rms" else gemma_rms_norm)(x, norm_weight, eps)
+        h = x.new_empty(0)
+    else:
+        add = fused_add_rms_norm if norm == "rms" else gemma_fused_add_rms_norm
+        n, h = add(x, residual, norm_weight, eps)
+    gu = torch.nn.functional.linear(n, wg, None if gate_up_bias is None else gate_up_bias.to(dtype))
+    if activation == "silu":
+        a = silu_and_mul(gu)
+    else:
+        a = gelu_and_mul(gu, "tanh" if activation == "gelu_tanh" else "none")
+    return torch.nn.functional.linear(a, wd, None if down_bias is None else down_bias.to(dtype)), h
 
 
 _op = torch.library.custom_op("sk::fused_gated_mlp", mutates_args=())(_forward)

@@ -253,6 +253,9 @@ class GemmConfig(TileConfig):
 # - m128: 64-row tiles, no swap; down split to fill the GPU.
 # - m1024, large (prefill): 128 × 128 / 128 × 256 tiles, 8 warps, grouped row order (GROUP_M 8).
 M_CLASSES = ((8, "m8"), (32, "m32"), (128, "m128"), (1024, "m1024"))
+# Rows above which the op composes cuBLAS GEMMs with our norm/activation kernels instead (norm "layer" excepted):
+# the fused kernels lose from M=128 on (0.60-0.86x at M=128, 0.91-1.05x in prefill: results/h200/gated_mlp/README.md).
+FUSED_MAX_M = 32
 _DECODE_SWEEP = "results/h200/gated_mlp/2026-12-02/sweep-decode/bench_gated_mlp_sweep.json"
 GATE_UP_CONFIGS = {
     "m8": GemmConfig(16, 128, 128, 4, 3, swap_ab=True, dependent_launch="at_start", source=_DECODE_SWEEP),
