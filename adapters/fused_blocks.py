@@ -134,6 +134,26 @@ def shard_miss(norm_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Ten
     return None
 
 
+def plan_projections(norm_attr: str, norm: str, norm_module: torch.nn.Module, mlp: torch.nn.Module,
+                     unquantized: tuple[str, ...], reduce_results: bool) -> Plan | str:
+    """The engine-independent half of a layer's plan, once its norm is known to be `norm`: activation,
+    projections, shard shapes. `reduce_results`: what the engine's down_proj says about its all-reduce."""
+    activation = activation_of(getattr(mlp, "act_fn", None))
+    if activation is None:
+        return f"activation {type(getattr(mlp, 'act_fn', None)).__qualname__} is not SiluAndMul/GeluAndMul(none|tanh)"
+    for proj in ("gate_up_proj", "down_proj"):
+        miss = linear_miss(proj, getattr(mlp, proj, None), unquantized)
+        if miss:
+            return miss
+    gate_up, down = mlp.gate_up_proj, mlp.down_proj
+    miss = shard_miss(norm_module.weight, gate_up.weight, down.weight)
+    if miss:
+        return miss
+    return Plan(norm_attr=norm_attr, norm=norm, activation=activation, eps=float(norm_module.variance_epsilon),
+                reduce=bool(reduce_results) and getattr(down, "tp_size", 1) > 1,
+                down_bias_here=getattr(down, "tp_rank", 0) == 0)
+
+
 def fuse_layer(layer: torch.nn.Module, plan: Plan, all_reduce, layer_name: str) -> None:
     """Replace `layer`'s pre-MLP norm and MLP by the fused pair (see the module docstring)."""
     norm_module = getattr(layer, plan.norm_attr)

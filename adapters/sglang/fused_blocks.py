@@ -138,21 +138,8 @@ def plan_layer(layer: torch.nn.Module, norm_attr: str) -> Plan | str:
             return f"{norm_attr} has no weight (has_weight=False)"
     else:
         return f"{norm_attr} is {type(norm_module).__qualname__}, not RMSNorm/GemmaRMSNorm"
-    activation = fused_blocks.activation_of(getattr(mlp, "act_fn", None))
-    if activation is None:
-        return f"activation {type(getattr(mlp, 'act_fn', None)).__qualname__} is not SiluAndMul/GeluAndMul(none|tanh)"
-    for proj in ("gate_up_proj", "down_proj"):
-        miss = fused_blocks.linear_miss(proj, getattr(mlp, proj, None), UNQUANTIZED)
-        if miss:
-            return miss
-    gate_up, down = mlp.gate_up_proj, mlp.down_proj
-    miss = fused_blocks.shard_miss(norm_module.weight, gate_up.weight, down.weight)
-    if miss:
-        return miss
-    tp_size = getattr(down, "tp_size", 1)
-    return Plan(norm_attr=norm_attr, norm=norm, activation=activation, eps=float(norm_module.variance_epsilon),
-                reduce=bool(getattr(down, "reduce_results", True)) and tp_size > 1,
-                down_bias_here=getattr(down, "tp_rank", 0) == 0)
+    # vLLM's RowParallelLinear always has reduce_results; SGLang's may not (then it reduces).
+    return fused_blocks.plan_projections(norm_attr, norm, norm_module, mlp, UNQUANTIZED, getattr(mlp.down_proj, "reduce_results", True))
 
 
 def report() -> dict:
