@@ -48,29 +48,31 @@ CAPTURE_MISS = ("weights prepared inside a CUDA-graph capture: every replay repe
 def derived(op: str, sources: Sequence[torch.Tensor | None], tag: Hashable, make: Callable[[], T]) -> T:
     """`make()`'s value for `sources` (None entries allowed) and `tag`, cached as the module docstring says."""
     present = [t for t in sources if t is not None]
-    if any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in present):
+    if not all(type(t) in _PLAIN for t in present):
         return make()
-    capturing = present[0].is_cuda and torch.cuda.is_current_stream_capturing()
-    if capturing and _step_graph.get():
-        return make()
-    key = (tuple(id(t) for t in sources), tag)
-    state = [_state(t) for t in present]
+    key = (tuple(map(id, sources)), tag)
+    state = tuple(map(_state, present))
     entry = _entries.get(key)
-    if entry is not None and entry[1] == state and all(ref() is t for ref, t in zip(entry[0], present)):
-        value = entry[2]
-    elif capturing:
-        coverage.record_fallback(op, present, CAPTURE_MISS)
-        return make()
-    else:
+    hit = entry is not None and entry[1] == state and all(ref() is t for ref, t in zip(entry[0], present))
+    capturing = present[0].is_cuda and torch.cuda.is_current_stream_capturing()
+    if not capturing:
+        if hit:
+            return entry[2]
         if entry is None:
             for t in present:
                 weakref.finalize(t, _forget_key, key)
         value = make()
         _entries[key] = ([weakref.ref(t) for t in present], state, value)
-    if capturing:
-        pinned = _pinned.setdefault(key, [])
-        if all(v is not value for v in pinned):
-            pinned.append(value)
+        return value
+    if _step_graph.get():
+        return make()
+    if not hit:
+        coverage.record_fallback(op, present, CAPTURE_MISS)
+        return make()
+    value = entry[2]
+    pinned = _pinned.setdefault(key, [])
+    if all(v is not value for v in pinned):
+        pinned.append(value)
     return value
 
 
@@ -85,8 +87,8 @@ def cast(op: str, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def is_cached(sources: Sequence[torch.Tensor | None], tag: Hashable) -> bool:
     """Whether a valid entry exists (what a capture would read without re-making it)."""
     present = [t for t in sources if t is not None]
-    entry = _entries.get((tuple(id(t) for t in sources), tag))
-    return (entry is not None and entry[1] == [_state(t) for t in present]
+    entry = _entries.get((tuple(map(id, sources)), tag))
+    return (entry is not None and entry[1] == tuple(map(_state, present))
             and all(ref() is t for ref, t in zip(entry[0], present)))
 
 
@@ -118,6 +120,9 @@ def within_step_graph() -> Iterator[None]:
         yield
     finally:
         _step_graph.reset(token)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # subclasses (fake, functorch) are never cached
 
 
 def _state(t: torch.Tensor) -> tuple:
