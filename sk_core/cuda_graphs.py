@@ -11,9 +11,10 @@ Contract of the returned callable:
   copies the ops made before capture, e.g. BF16 copies of FP32 masters, see `sk.ops.weight_cache`) had at
   capture, so an in-place update or a reassignment would be silently ignored; instead the callable checks
   each one's identity, storage and version counter on every call and raises `RuntimeError` if any changed:
-  capture again after updating. The check reads each tensor's slot in its owner's `_parameters`/`_buffers`
-  (kept from capture) rather than walking the module tree: a few hundred nanoseconds per tensor. Inference
-  tensors have no version counter: for them identity and storage are checked.
+  capture again after updating. The check compares the tensors' version counters and storages, and the sizes
+  of their owners' tables, with those at capture (a few tuple comparisons; `_Snapshot`); each slot's object only
+  after some module registered or reassigned a tensor. Inference tensors have no version counter: for them
+  identity and storage are checked.
 
 Per call from Python it costs the checks, one copy per input and the replay's launch: a few microseconds
 over `graph.replay()` (results/h200/geglu/README.md measures it).

@@ -139,7 +139,8 @@ def plan_layer(layer: torch.nn.Module, norm_attr: str) -> Plan | str:
     else:
         return f"{norm_attr} is {type(norm_module).__qualname__}, not RMSNorm/GemmaRMSNorm"
     # vLLM's RowParallelLinear always has reduce_results; SGLang's may not (then it reduces).
-    return fused_blocks.plan_projections(norm_attr, norm, norm_module, mlp, UNQUANTIZED, getattr(mlp.down_proj, "reduce_results", True))
+    return fused_blocks.plan_projections(norm_attr, norm, norm_module, mlp, UNQUANTIZED,
+                                         getattr(mlp.down_proj, "reduce_results", True))
 
 
 def report() -> dict:

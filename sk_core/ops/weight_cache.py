@@ -39,6 +39,7 @@ T = TypeVar("T")
 _entries: dict = {}
 # key -> values read by a CUDA-graph capture: alive while the sources are
 _pinned: dict = {}
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # subclasses (fake, functorch) are never cached
 _step_graph = contextvars.ContextVar("sk_weight_cache_step_graph", default=False)
 
 CAPTURE_MISS = ("weights prepared inside a CUDA-graph capture: every replay repeats the cast/fold; call the op "
@@ -120,9 +121,6 @@ def within_step_graph() -> Iterator[None]:
         yield
     finally:
         _step_graph.reset(token)
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # subclasses (fake, functorch) are never cached
 
 
 def _state(t: torch.Tensor) -> tuple:

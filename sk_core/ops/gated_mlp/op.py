@@ -4,8 +4,8 @@ PyTorch reference.
 
 Dispatch: bf16/fp16 CUDA tensors on SM90 (or CPU tensors under TRITON_INTERPRET=1) with d_model and d_ff
 multiples of 8 within the table's limits run the kernels: the fused ones up to `FUSED_MAX_M` rows, above it
-(norms "rms" and "gemma_rms") our norm and activation kernels around cuBLAS's two GEMMs; anything else runs `gated_mlp_reference` and the
-miss is recorded under the coverage row `fused_gated_mlp/<norm>` (an error under `sk.coverage.strict()`).
+(norms "rms" and "gemma_rms") our norm and activation kernels around cuBLAS's two GEMMs; anything else runs
+`gated_mlp_reference` and the miss is recorded under the coverage row `fused_gated_mlp/<norm>` (an error under `sk.coverage.strict()`).
 With grad mode on and an input that requires grad, the forward is the same; its backward is autograd of the
 reference, recorded as a backward fallback (inference kernels only: training stays correct).
 """
@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from sk import coverage
+from sk.ops import weight_cache
 from sk.ops._common import FLOAT_DTYPES, attach_reference_backward, check_float, check_same_device
 from sk.ops.gated_mlp import triton_kernels, weights
 from sk.ops.gated_mlp.common import is_eager
@@ -82,25 +83,27 @@ def _forward(
 def _composed(x, residual, norm_weight, gate_up_weight, gate_up_bias, down_weight, down_bias, eps, norm, activation,
               name):
     """Above FUSED_MAX_M rows: our norm and activation kernels around cuBLAS's GEMMs (the engines' own sequence,
-    where cuBLAS's tiles beat the fused kernels'); weights in another dtype are cast once (`weight_cache`)."""
+    where cuBLAS's tiles beat the fused kernels'); weights and biases in another dtype are cast once
+    (`weight_cache.cast`), never per call."""
     from sk.ops.act_and_mul import gelu_and_mul, silu_and_mul
     from sk.ops.rms_norm import fused_add_rms_norm, gemma_fused_add_rms_norm, gemma_rms_norm, rms_norm
 
     dtype = x.dtype
-    wg = weights.prepared_down(name, gate_up_weight, dtype)
-    wd = weights.prepared_down(name, down_weight, dtype)
+
+    def cast(t):
+        return None if t is None else weight_cache.cast(name, t, dtype)
     if residual is None:
         n = (rms_norm if norm == "rms" else gemma_rms_norm)(x, norm_weight, eps)
         h = x.new_empty(0)
     else:
         add = fused_add_rms_norm if norm == "rms" else gemma_fused_add_rms_norm
         n, h = add(x, residual, norm_weight, eps)
-    gu = torch.nn.functional.linear(n, wg, None if gate_up_bias is None else gate_up_bias.to(dtype))
+    gu = torch.nn.functional.linear(n, cast(gate_up_weight), cast(gate_up_bias))
     if activation == "silu":
         a = silu_and_mul(gu)
     else:
         a = gelu_and_mul(gu, "tanh" if activation == "gelu_tanh" else "none")
-    return torch.nn.functional.linear(a, wd, None if down_bias is None else down_bias.to(dtype)), h
+    return torch.nn.functional.linear(a, cast(down_weight), cast(down_bias)), h
 
 
 _op = torch.library.custom_op("sk::fused_gated_mlp", mutates_args=())(_forward)
