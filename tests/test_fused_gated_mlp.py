@@ -226,6 +226,51 @@ def test_prepared_weights_are_cached_until_a_source_changes():
     assert not torch.equal(out1, out2)
 
 
+class EngineParameter(torch.nn.Parameter):
+    """Like vLLM's and SGLang's weight classes (`ModelWeightParameter`): a Parameter subclass with Python
+    behaviour (a weight loader, a `__torch_function__` override), real memory underneath."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def engine_parameters(block):
+    """The block's weights as an engine holds them: our stand-in class, and vLLM's own where it is installed."""
+    classes = [EngineParameter]
+    try:
+        from vllm.model_executor.parameter import ModelWeightParameter
+        classes.append(ModelWeightParameter)
+    except ImportError:
+        pass
+    for cls in classes:
+        # _make_subclass: vLLM's constructor needs its tensor-parallel groups; the class is what matters here.
+        yield cls, {k: None if v is None else torch.nn.Parameter._make_subclass(cls, v, False)
+                    for k, v in block.items()}
+
+
+@needs_interpreter
+def test_interpreted_engine_parameter_classes_are_prepared_once(monkeypatch):
+    # vLLM's weights are ModelWeightParameter: a fold per call (and inside every replayed graph) made decode
+    # 2.7x slower in vLLM (results/h200/engines/README.md, 2026-12-02).
+    folds = []
+    fold = weights.fold
+    monkeypatch.setattr(weights, "fold", lambda *a: folds.append(1) or fold(*a))
+    d, ff = 64, 128
+    x = make_x(3, d, torch.float16)
+    for cls, block in engine_parameters(make_block(d, ff, "rms", dtype=torch.float16)):
+        folds.clear()
+        assert type(block["gate_up_weight"]) is cls
+        first = call_op(block, x, x.clone(), "rms", "silu")[0]
+        assert torch.equal(call_op(block, x, x.clone(), "rms", "silu")[0], first)
+        assert len(folds) == 1, cls
+        with torch.no_grad():
+            block["gate_up_weight"].mul_(2)  # an in-place weight update is still seen
+        call_op(block, x, x.clone(), "rms", "silu")
+        assert len(folds) == 2, cls
+    assert not sk.coverage.report()["fallbacks"]
+
+
 # ----------------------------------------------------------------------------------------------- op, any device
 
 def test_fold_layout_interleaves_gate_and_up_rows():
@@ -401,6 +446,28 @@ def test_gpu_graph_replay_with_fresh_inputs_and_deterministic_split_k(m, d, ff, 
         with sk.settings.override(gated_mlp_pdl=False):
             assert torch.equal(call_op(block, x, r, "rms", "silu")[0], want[0])
     assert not [f for f in sk.coverage.report()["fallbacks"]]
+
+
+@pytest.mark.gpu
+def test_gpu_capture_with_engine_parameter_classes_reads_the_prepared_weights(monkeypatch):
+    """Weights as vLLM holds them (a Parameter subclass): the capture reads the fold made before it (no fold
+    kernels in the graph, no capture miss recorded), and replays give the eager bits."""
+    folds = []
+    fold = weights.fold
+    monkeypatch.setattr(weights, "fold", lambda *a: folds.append(1) or fold(*a))
+    m, d, ff = 1, 2048, 8192
+    x, r = make_x(m, d, torch.bfloat16, "cuda"), make_x(m, d, torch.bfloat16, "cuda", seed=2)
+    for cls, block in engine_parameters(make_block(d, ff, "rms", dtype=torch.bfloat16, device="cuda", seed=1)):
+        folds.clear()
+        with torch.no_grad():
+            want = call_op(block, x, r, "rms", "silu")
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out, h = call_op(block, x, r, "rms", "silu")
+            out.fill_(float("nan"))
+            graph.replay()
+        assert torch.equal(out, want[0]) and torch.equal(h, want[1]) and len(folds) == 1, cls
+    assert not sk.coverage.report()["fallbacks"]
 
 
 @pytest.mark.gpu

@@ -77,3 +77,33 @@ def test_traced_tensors_are_never_cached():
         for _ in range(2):
             weight_cache.derived("op", (w,), "tag", lambda: calls.append(1) or w)
     assert len(calls) == 2
+
+
+class _WithTorchFunction(torch.nn.Parameter):  # as vLLM's and SGLang's weight classes
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class _Dispatching(torch.Tensor):  # as the fake and functional tensors tracing passes
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_parameter_subclasses_with_real_memory_are_cached_dispatching_tensors_are_not():
+    w = torch.nn.Parameter._make_subclass(_WithTorchFunction, torch.randn(8, 4), False)
+    assert weight_cache.cacheable(w)
+    first = weight_cache.cast("op", w, torch.float16)
+    assert weight_cache.cast("op", w, torch.float16) is first
+    with torch.no_grad():
+        w.mul_(2)
+    assert weight_cache.cast("op", w, torch.float16) is not first
+    assert not weight_cache.cacheable(torch.Tensor._make_subclass(_Dispatching, torch.randn(4)))
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        fake = torch.empty(4)
+    assert not weight_cache.cacheable(fake)
+    calls = []
+    weight_cache.derived("op", (fake,), "tag", lambda: calls.append(1))
+    weight_cache.derived("op", (fake,), "tag", lambda: calls.append(1))
+    assert len(calls) == 2

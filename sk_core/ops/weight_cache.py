@@ -20,7 +20,10 @@ BF16 copy is half its FP32 master), held until a source is freed.
   `op` ("call once before capturing") and raises under `strict()`.
 - **Captures of training steps** (`sk_core/ops/_step_graphs.py`) run `make()` inside the graph on purpose
   (`within_step_graph()`): the masters change between replays and each replay must cast what it reads.
-- **Traced tensors** (torch.compile's fake tensors, functorch wrappers): `make()` every call, nothing kept.
+- **Traced tensors** (torch.compile's fake tensors, functional and other `__torch_dispatch__` subclasses):
+  `make()` every call, nothing kept. Parameter subclasses that only add Python behaviour (vLLM's and SGLang's
+  `ModelWeightParameter`, with their weight loaders and `__torch_function__`) own real storage and a version
+  counter: they are cached like any tensor (`cacheable`).
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ T = TypeVar("T")
 _entries: dict = {}
 # key -> values read by a CUDA-graph capture: alive while the sources are
 _pinned: dict = {}
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # subclasses (fake, functorch) are never cached
+# Tensor classes seen so far -> whether their instances own real memory (see `cacheable`).
+_CACHEABLE: dict[type, bool] = {torch.Tensor: True, torch.nn.Parameter: True}
 _step_graph = contextvars.ContextVar("sk_weight_cache_step_graph", default=False)
 
 CAPTURE_MISS = ("weights prepared inside a CUDA-graph capture: every replay repeats the cast/fold; call the op "
@@ -49,7 +53,7 @@ CAPTURE_MISS = ("weights prepared inside a CUDA-graph capture: every replay repe
 def derived(op: str, sources: Sequence[torch.Tensor | None], tag: Hashable, make: Callable[[], T]) -> T:
     """`make()`'s value for `sources` (None entries allowed) and `tag`, cached as the module docstring says."""
     present = [t for t in sources if t is not None]
-    if not all(type(t) in _PLAIN for t in present):
+    if not all(map(cacheable, present)):
         return make()
     key = (tuple(map(id, sources)), tag)
     state = tuple(map(_state, present))
@@ -75,6 +79,18 @@ def derived(op: str, sources: Sequence[torch.Tensor | None], tag: Hashable, make
     if all(v is not value for v in pinned):
         pinned.append(value)
     return value
+
+
+def cacheable(t: torch.Tensor) -> bool:
+    """Whether `t` owns real memory whose storage and version the cache can key on: a plain tensor, or a
+    subclass that does not intercept dispatch (engines' parameter classes); not a fake, functional or other
+    `__torch_dispatch__` tensor (what tracing passes), whose copies must be made afresh each call."""
+    cls = type(t)
+    known = _CACHEABLE.get(cls)
+    if known is None:
+        known = _CACHEABLE[cls] = (issubclass(cls, torch.Tensor)
+                                   and cls.__torch_dispatch__ is torch.Tensor.__torch_dispatch__)
+    return known
 
 
 def cast(op: str, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -466,7 +466,7 @@ def _replayable(x, ln_weight, ln_bias, gate_weight, *rest) -> bool:
     m, d = x.shape
     ff = gate_weight.shape[0]
     return (x.is_cuda and 0 < m * d * ff <= STEP_GRAPH_MAX_WORK
-            and all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (ln_weight, ln_bias, gate_weight, *rest)
+            and all(weight_cache.cacheable(t) for t in (ln_weight, ln_bias, gate_weight, *rest)
                     if isinstance(t, torch.Tensor))
             and coverage.miss_reason(OP, x, shape_miss=_shape_miss(d, ff)) is None
             and coverage.miss_reason(OP, x, shape_miss=_shape_miss(d, ff), backward=True) is None)
