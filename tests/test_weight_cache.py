@@ -3,6 +3,7 @@ identity), inference tensors cached on identity and storage, traced tensors neve
 (pinned copies, the recorded capture miss) are tested on the GPU in tests/test_cuda_graphs.py."""
 import torch
 
+import sk
 from sk.ops import weight_cache
 
 
@@ -99,11 +100,15 @@ def test_parameter_subclasses_with_real_memory_are_cached_dispatching_tensors_ar
     with torch.no_grad():
         w.mul_(2)
     assert weight_cache.cast("op", w, torch.float16) is not first
-    assert not weight_cache.cacheable(torch.Tensor._make_subclass(_Dispatching, torch.randn(4)))
+    dispatching = torch.Tensor._make_subclass(_Dispatching, torch.randn(4))
+    assert not weight_cache.cacheable(dispatching)
+    weight_cache.derived("op", (dispatching,), "tag", lambda: None)  # eager: made, and recorded
+    (miss,) = sk.coverage.report()["fallbacks"]
+    assert miss["op"] == "op" and "_Dispatching" in miss["reason"] and "every call" in miss["reason"]
+    calls = []
     with torch._subclasses.fake_tensor.FakeTensorMode():
         fake = torch.empty(4)
-    assert not weight_cache.cacheable(fake)
-    calls = []
-    weight_cache.derived("op", (fake,), "tag", lambda: calls.append(1))
-    weight_cache.derived("op", (fake,), "tag", lambda: calls.append(1))
-    assert len(calls) == 2
+        assert not weight_cache.cacheable(fake)
+        weight_cache.derived("op", (fake,), "tag", lambda: calls.append(1))  # tracing: made, not recorded
+        weight_cache.derived("op", (fake,), "tag", lambda: calls.append(1))
+    assert len(calls) == 2 and len(sk.coverage.report()["fallbacks"]) == 1

@@ -21,7 +21,8 @@ BF16 copy is half its FP32 master), held until a source is freed.
 - **Captures of training steps** (`sk_core/ops/_step_graphs.py`) run `make()` inside the graph on purpose
   (`within_step_graph()`): the masters change between replays and each replay must cast what it reads.
 - **Traced tensors** (torch.compile's fake tensors, functional and other `__torch_dispatch__` subclasses):
-  `make()` every call, nothing kept. Parameter subclasses that only add Python behaviour (vLLM's and SGLang's
+  `make()` every call, nothing kept; outside tracing such a source (e.g. a DTensor) is recorded as a coverage
+  miss of `op` (`UNCACHED`), so that the per-call copy is not a silent slow path. Parameter subclasses that only add Python behaviour (vLLM's and SGLang's
   `ModelWeightParameter`, with their weight loaders and `__torch_function__`) own real storage and a version
   counter: they are cached like any tensor (`cacheable`).
 """
@@ -50,10 +51,17 @@ CAPTURE_MISS = ("weights prepared inside a CUDA-graph capture: every replay repe
                 "once before capturing (make_graphed_callables does) so that the graph reads a prepared copy")
 
 
+UNCACHED = ("weights of class {cls} (a __torch_dispatch__ subclass) are prepared afresh at every call: pass "
+            "plain tensors or Parameters")
+
+
 def derived(op: str, sources: Sequence[torch.Tensor | None], tag: Hashable, make: Callable[[], T]) -> T:
     """`make()`'s value for `sources` (None entries allowed) and `tag`, cached as the module docstring says."""
     present = [t for t in sources if t is not None]
     if not all(map(cacheable, present)):
+        if not _tracing():
+            cls = next(type(t) for t in present if not cacheable(t))
+            coverage.record_fallback(op, present, UNCACHED.format(cls=f"{cls.__module__}.{cls.__qualname__}"))
         return make()
     key = (tuple(map(id, sources)), tag)
     state = tuple(map(_state, present))
@@ -137,6 +145,13 @@ def within_step_graph() -> Iterator[None]:
         yield
     finally:
         _step_graph.reset(token)
+
+
+def _tracing() -> bool:
+    """torch.compile's or make_fx's tracing (fake/functional tensors: a copy per trace is what they need)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
 
 
 def _state(t: torch.Tensor) -> tuple:
