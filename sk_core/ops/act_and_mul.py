@@ -45,6 +45,19 @@ def _erf(x):
     return tl.where(x < 0, -y, y)
 
 
+@triton.jit
+def activate(g, ACT: tl.constexpr):
+    """act(g) in fp32 for ACT "silu", "gelu" (erf) or "gelu_tanh"; the gated-MLP kernels call it too."""
+    if ACT == "silu":
+        return g * tl.sigmoid(g)
+    elif ACT == "gelu":
+        return 0.5 * g * (1.0 + _erf(g * _SQRT_HALF))
+    else:
+        # tanh(z) = 2·sigmoid(2z) − 1: exact in fp32 and available in Triton's interpreter too.
+        z = _SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
+        return g * tl.sigmoid(2.0 * z)  # = g/2 · (1 + tanh(z))
+
+
 @triton.jit(do_not_specialize=["n_rows"])
 def _act_and_mul_kernel(x_ptr, x_stride, y_ptr, y_stride, n_rows, d, ACT: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -52,15 +65,7 @@ def _act_and_mul_kernel(x_ptr, x_stride, y_ptr, y_stride, n_rows, d, ACT: tl.con
     mask = cols < d
     g = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * x_stride + d + cols, mask=mask, other=0.0).to(tl.float32)
-    if ACT == "silu":
-        a = g * tl.sigmoid(g)
-    elif ACT == "gelu":
-        a = 0.5 * g * (1.0 + _erf(g * _SQRT_HALF))
-    else:
-        # tanh(z) = 2·sigmoid(2z) − 1: exact in fp32 and available in Triton's interpreter too.
-        z = _SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
-        a = g * tl.sigmoid(2.0 * z)  # = g/2 · (1 + tanh(z))
-    tl.store(y_ptr + row * y_stride + cols, (a * u).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + row * y_stride + cols, (activate(g, ACT) * u).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["n_rows"])

@@ -101,7 +101,7 @@ def folded_gate_up(ln_w, ln_b, wg, bg, wu, bu, dtype):
     gate + up (about 0.5 GB at d_model 2048, d_ff 16384).
     """
     sources = (ln_w, ln_b, wg, bg, wu, bu)
-    if any(t is not None and type(t) not in (torch.Tensor, torch.nn.Parameter) for t in sources):
+    if not all(weight_cache.cacheable(t) for t in sources if t is not None):
         return None
     tag = ("geglu_fold", dtype)
     if wg.is_cuda and torch.cuda.is_current_stream_capturing() and not weight_cache.is_cached(sources, tag):

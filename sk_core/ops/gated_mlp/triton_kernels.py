@@ -42,36 +42,14 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sk import settings
+from sk.ops.act_and_mul import activate
 from sk.ops.gated_mlp.common import (  # noqa: F401 (_tile_coords, _tile_product: the kernels call them by name)
     TMA_ALIGN, TileConfig, _tile_coords, _tile_product, align, cdiv, descriptor, next_power_of_2, sm_count,
     tma_ready,
 )
 
-_SQRT_HALF = tl.constexpr(0.7071067811865476)  # globals a Triton kernel reads must be constexpr
-_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
-
 
 # ----------------------------------------------------------------------------------------------- kernels
-
-@triton.jit
-def _erf(x):
-    # Abramowitz & Stegun 7.1.26: |error| < 1.5e-7 (fp32 precision) with one exp; libdevice's erf is slower.
-    t = 1.0 / (1.0 + 0.3275911 * tl.abs(x))
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    y = 1.0 - poly * tl.exp(-x * x)
-    return tl.where(x < 0, -y, y)
-
-
-@triton.jit
-def _activate(g, ACT: tl.constexpr):
-    if ACT == "silu":
-        return g * tl.sigmoid(g)
-    elif ACT == "gelu":
-        return 0.5 * g * (1.0 + _erf(g * _SQRT_HALF))
-    else:  # gelu_tanh: tanh(z) = 2·sigmoid(2z) − 1, exact in fp32 and available in the interpreter
-        z = _SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
-        return g * tl.sigmoid(2.0 * z)
-
 
 @triton.jit(do_not_specialize=["n_rows", "eps"])
 def _stats_kernel(
@@ -173,7 +151,7 @@ def _gate_up_kernel(
     if HAS_SHIFT:
         acc += tl.load(shift_ptr + cols, mask=cols_ok, other=0.0)[None, :]
     g, u = tl.split(tl.reshape(acc, (BLOCK_M, HALF, 2)))  # even columns gate, odd up
-    out = (_activate(g, ACT) * u).to(a_ptr.dtype.element_ty)
+    out = (activate(g, ACT) * u).to(a_ptr.dtype.element_ty)
     ff_stride = ff // FF_ALIGN * FF_ALIGN  # == ff (alignment known to the compiler: wide stores)
     out_cols = pid_n * HALF + tl.arange(0, HALF)
     tl.store(a_ptr + offs_m.to(tl.int64)[:, None] * ff_stride + out_cols[None, :], out,
