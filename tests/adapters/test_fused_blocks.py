@@ -11,9 +11,10 @@ In-engine checks: test_vllm_parity.py (tokens equal stock, report counts), test_
 """
 import pytest
 import torch
-import torch.nn.functional as F
 
 import sk
+from engine_stand_ins import (GeluAndMul, GemmaRMSNorm, MergedColumnParallelLinear, RMSNorm, RowParallelLinear,
+                              SiluAndMul, UnquantizedLinearMethod)
 from sk.adapters import fused_blocks
 from sk.adapters.vllm import fused_blocks as vllm_blocks
 
@@ -26,70 +27,8 @@ def _fused_blocks_on(settings_override):
 D, FF = 32, 48
 
 
-class UnquantizedLinearMethod:
-    pass
-
-
 class Fp8LinearMethod:
     pass
-
-
-class _Linear(torch.nn.Module):
-    def __init__(self, out_features, in_features, *, bias=False, tp_rank=0, tp_size=1, reduce_results=True,
-                 quant=UnquantizedLinearMethod):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.randn(out_features, in_features) / in_features ** 0.5,
-                                         requires_grad=False)
-        self.bias = torch.nn.Parameter(torch.randn(out_features), requires_grad=False) if bias else None
-        self.quant_method = quant()
-        self.tp_rank, self.tp_size, self.reduce_results = tp_rank, tp_size, reduce_results
-        self.skip_bias_add, self.gather_output, self.input_is_parallel = False, False, True
-
-
-class MergedColumnParallelLinear(_Linear):
-    def forward(self, x):
-        return F.linear(x, self.weight, self.bias), None
-
-
-class RowParallelLinear(_Linear):
-    def forward(self, x):  # this rank's partial product; bias on rank 0 (the all-reduce is the test's)
-        return F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None), None
-
-
-class RMSNorm(torch.nn.Module):
-    def __init__(self, d, eps=1e-6):
-        super().__init__()
-        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(d), requires_grad=False)
-        self.variance_epsilon, self.has_weight, self.variance_size_override = eps, True, None
-
-    def scale(self):
-        return self.weight
-
-    def forward(self, x, residual=None):
-        h = x if residual is None else x + residual
-        out = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * self.scale()
-        return out if residual is None else (out, h)
-
-
-class GemmaRMSNorm(RMSNorm):
-    def scale(self):
-        return 1 + self.weight
-
-
-class SiluAndMul(torch.nn.Module):
-    def forward(self, x):
-        g, u = x.chunk(2, dim=-1)
-        return F.silu(g) * u
-
-
-class GeluAndMul(torch.nn.Module):
-    def __init__(self, approximate="none"):
-        super().__init__()
-        self.approximate = approximate
-
-    def forward(self, x):
-        g, u = x.chunk(2, dim=-1)
-        return F.gelu(g, approximate=self.approximate) * u
 
 
 class LlamaMLP(torch.nn.Module):

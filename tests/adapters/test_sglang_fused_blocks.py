@@ -16,9 +16,11 @@ import types
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+import engine_stand_ins as stand_ins
 import sk
+from engine_stand_ins import (GemmaRMSNorm, MergedColumnParallelLinear, RMSNorm, RowParallelLinear, SiluAndMul,
+                              UnquantizedLinearMethod)
 from sk.adapters import fused_blocks
 
 
@@ -69,75 +71,13 @@ class HookRegistry:
             cls._patched.add(target)
 
 
-class UnquantizedLinearMethod:
-    pass
-
-
 class W8A8Int8LinearMethod:
     pass
 
 
-class _Linear(torch.nn.Module):
-    def __init__(self, out_features, in_features, tp_rank=0, tp_size=1, quant=UnquantizedLinearMethod,
-                 reduce_results=True):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.randn(out_features, in_features) / in_features ** 0.5,
-                                         requires_grad=False)
-        self.bias = None
-        self.quant_method = quant()
-        self.tp_rank, self.tp_size, self.reduce_results = tp_rank, tp_size, reduce_results
-        self.skip_bias_add, self.gather_output, self.input_is_parallel = False, False, True
-
-    def forward(self, x):
-        return F.linear(x, self.weight), None
-
-
-class MergedColumnParallelLinear(_Linear):
-    pass
-
-
-class RowParallelLinear(_Linear):
-    pass
-
-
-class RMSNorm(torch.nn.Module):
-    def __init__(self, hidden_size, eps=1e-6, var_hidden_size=None, cast_x_before_out_mul=False,
-                 fp32_residual=False, has_weight=True, weight_dtype=None, override_orig_dtype=None):
-        super().__init__()
-        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(hidden_size), requires_grad=False)
-        self.variance_epsilon = eps
-        self.variance_size_override = var_hidden_size
-        self.cast_x_before_out_mul, self.fp32_residual = cast_x_before_out_mul, fp32_residual
-        self.has_weight, self.override_orig_dtype = has_weight, override_orig_dtype
-
-    def scale(self):
-        return self.weight
-
-    def forward(self, x, residual=None, post_residual_addition=None):
-        h = x if residual is None else x + residual
-        out = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * self.scale()
-        return out if residual is None else (out, h)
-
-
-class GemmaRMSNorm(RMSNorm):
-    def scale(self):
-        return 1 + self.weight
-
-
-class SiluAndMul(torch.nn.Module):
-    def forward(self, x):
-        g, u = x.chunk(2, dim=-1)
-        return F.silu(g) * u
-
-
-class GeluAndMul(torch.nn.Module):
-    def __init__(self, approximate="tanh"):
-        super().__init__()
-        self.approximate = approximate
-
-    def forward(self, x):
-        g, u = x.chunk(2, dim=-1)
-        return F.gelu(g, approximate=self.approximate) * u
+class GeluAndMul(stand_ins.GeluAndMul):
+    def __init__(self, approximate="tanh"):  # SGLang's default
+        super().__init__(approximate)
 
 
 class LlamaMLP(torch.nn.Module):
