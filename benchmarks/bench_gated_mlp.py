@@ -38,6 +38,7 @@ import traceback
 import torch
 
 import sk
+from sk.bench import peers as peer_libs
 from sk.bench.timing import copy_bandwidth_tbps, environment, graph_time_us, side_by_side_us
 from sk.ops.gated_mlp import gated_mlp_reference
 from sk.ops.gated_mlp import triton_kernels as tk
@@ -64,18 +65,9 @@ DEFAULT_BUDGET_S = 300  # torch.compile (max-autotune) stops being started past 
 
 
 def peer_modules() -> dict:
-    found = {}
-    try:
-        import vllm._custom_ops  # noqa: F401  registers torch.ops._C
-        found["vllm"] = torch.ops._C
-    except Exception:
-        pass
-    try:
-        import sgl_kernel
-        found["sglang"] = sgl_kernel
-    except Exception:
-        pass
-    return found
+    """The engines' kernel libraries importable here: "vllm" (torch.ops._C), "sglang" (sgl_kernel)."""
+    found = peer_libs.peer_modules()
+    return {name: found[key] for name, key in (("vllm", "vllm_C"), ("sglang", "sgl_kernel")) if key in found}
 
 
 def replay_plan(m: int) -> dict:

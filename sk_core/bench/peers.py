@@ -33,8 +33,9 @@ class Case:
     impls: dict[str, Callable[[], object]]
 
 
-def _peer_modules() -> dict[str, object]:
-    """The peer libraries importable here (each optional)."""
+def peer_modules() -> dict[str, object]:
+    """The peer libraries importable here (each optional): "vllm_C" (torch.ops._C once vLLM's kernels are
+    loaded), "sgl_kernel", "liger" (its rms_norm, fused_add_rms_norm, swiglu, geglu modules)."""
     found = {}
     try:
         import vllm._custom_ops  # noqa: F401  loads vLLM's kernel libraries, which register torch.ops._C
@@ -133,7 +134,7 @@ def run(out_dir: str | pathlib.Path, dtype: torch.dtype = torch.bfloat16, log: C
     """Time every case, write `ops_peers.json`, `ops_peers.md` and `ops_peers.png` into `out_dir`."""
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    peers = _peer_modules()
+    peers = peer_modules()
     copy_tbps = copy_bandwidth_tbps()
     log(f"copy bandwidth {copy_tbps:.2f} TB/s; peers importable: {sorted(peers) or 'none'}")
     rows = []
