@@ -94,6 +94,32 @@ def test_bf16_copies_follow_optimizer_steps_and_are_not_remade_otherwise():
     assert fresh is not copy and torch.equal(fresh, block.gate.weight.detach().to(torch.bfloat16))
 
 
+def test_the_forward_sees_replaced_children_parametrized_weights_and_functional_call():
+    block = randomized(PreNormGEGLUFFN(16, 24)).to(KERNEL_DEVICE)
+    x = torch.randn(3, 16, device=KERNEL_DEVICE)
+
+    def expected(gate_weight):
+        return geglu.fused_pre_norm_geglu_reference(
+            x, block.norm.weight, block.norm.bias, gate_weight, block.gate.bias, block.up.weight, block.up.bias,
+            block.down.weight, block.down.bias, block.eps, "none")
+    with torch.no_grad():
+        doubled = 2 * block.gate.weight
+        got = torch.func.functional_call(block, {"gate.weight": doubled}, (x,))
+        assert rel_err(got, expected(doubled)) < 1e-6
+        assert rel_err(block(x), expected(block.gate.weight)) < 1e-6  # the module's own weights again
+
+        class Halved(torch.nn.Module):
+            def forward(self, w):
+                return w / 2
+        torch.nn.utils.parametrize.register_parametrization(block.gate, "weight", Halved())
+        assert rel_err(block(x), expected(block.gate.weight)) < 1e-6
+        block.gate = torch.nn.Linear(16, 24).to(KERNEL_DEVICE)
+        assert rel_err(block(x), expected(block.gate.weight)) < 1e-6
+        del block.up.weight
+        with pytest.raises(AttributeError, match="weight"):
+            block(x)
+
+
 def test_fp32_input_outside_autocast_takes_the_recorded_fallback():
     block = PreNormGEGLUFFN(16, 24).to(KERNEL_DEVICE)
     x = torch.randn(3, 16, device=KERNEL_DEVICE)

@@ -136,6 +136,41 @@ def test_pre_norm_swiglu_ffn_from_a_decoder_layers_modules():
     assert isinstance(gemma.norm, sk.nn.GemmaRMSNorm) and gemma.mlp.activation == "gelu_tanh"
 
 
+def test_gated_mlp_inference_reuses_its_weight_copies_until_a_master_changes():
+    mlp = randomized(sk.nn.GatedMLP(24, 40, bias=True)).to(KERNEL_DEVICE)
+    x = torch.randn(5, 24, device=KERNEL_DEVICE).half()
+    with torch.no_grad():
+        first = mlp(x)
+        held = sk.ops.weight_cache.size_bytes()
+        assert held >= (2 * 40 * 24 + 24 * 40) * 2  # [gate; up] and down in fp16, made once
+        assert torch.equal(mlp(x), first) and sk.ops.weight_cache.size_bytes() == held
+        mlp.up_proj.weight.mul_(2)  # an optimizer-style in-place update is seen
+        second = mlp(x)
+    # fp16 GEMM inputs and outputs: a few fp16 roundings (u = 4.9e-4) per element
+    assert rel_err(second.float().cpu(), _fp64_mlp(mlp.cpu(), x.float().cpu(), "silu")) < 4e-3
+    assert not torch.equal(second, first)
+
+
+@pytest.mark.skipif(KERNEL_DEVICE == "cpu" and not sk.settings.get("triton_interpret"), reason="needs the kernels")
+@pytest.mark.parametrize("gemma, activation, m", [(False, "silu", 5), (True, "gelu_tanh", 3), (False, "silu", 40)])
+def test_pre_norm_gated_ffn_inference_in_half_precision_is_one_fused_call(gemma, activation, m):
+    block = sk.nn.PreNormGatedFFN(24, 40, activation=activation, gemma_norm=gemma).to(KERNEL_DEVICE)
+    randomized(block)
+    x = torch.randn(m, 24, device=KERNEL_DEVICE)
+    with torch.no_grad(), sk.coverage.strict():
+        got = block(x.half())
+    offset = 1.0 if gemma else 0.0
+    want = x.double() + _fp64_mlp(block.mlp.cpu(), fp64_rms_norm(x.half().float(), block.norm.weight.cpu(), 1e-6,
+                                                                 offset), activation)
+    # fp16 (u = 4.9e-4): the op's 2e-3 (tests/test_fused_gated_mlp.py) plus the residual add's rounding
+    assert got.dtype == torch.float16 and rel_err(got.float().cpu(), want) < 3e-3
+    calls = sk.coverage.report()["kernel_calls"]
+    name = "fused_gated_mlp/" + ("gemma_rms" if gemma else "rms")
+    assert calls.get(name) == 1, calls
+    if m <= sk.ops.gated_mlp.triton_kernels.FUSED_MAX_M:
+        assert set(calls) == {name}, calls  # norm, GEMMs and activation inside the one op
+
+
 def test_modules_under_torch_compile_fullgraph_forward_and_backward():
     norm, mlp = randomized(sk.nn.GemmaRMSNorm(24)).to(KERNEL_DEVICE), randomized(sk.nn.GatedMLP(24, 40)).to(KERNEL_DEVICE)
 

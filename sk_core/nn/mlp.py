@@ -5,12 +5,15 @@
 
 Parameters are `gate_proj`, `up_proj`, `down_proj` (torch Linears, Hugging Face's names and layout, so a
 swapped model keeps its state_dict keys) in the dtype they were made with: FP32 by default, the masters the
-optimizer updates. The compute dtype is the input's (or the autocast dtype under torch.autocast): the gate
-and up weights are cast and concatenated into one [gate; up] matrix per call, so one GEMM writes the
-[g | u] rows `sk.ops.silu_and_mul` / `gelu_and_mul` read, and gradients reach the FP32 masters through the cast.
+optimizer updates. The compute dtype is the input's (or the autocast dtype under torch.autocast); one GEMM
+writes the [g | u] rows `sk.ops.silu_and_mul` / `gelu_and_mul` read, from one [gate; up] matrix:
 
-This composes torch's GEMMs with our activation kernel (forward and backward); the fused
-`sk.ops.fused_gated_mlp` will replace `GatedMLP._gate_up_act_down` when it lands, under the same parameters.
+- training (grad enabled and a parameter or the input requiring it): cast and concatenated per call, so that
+  gradients reach the FP32 masters through the cast;
+- inference: the [gate; up] and down copies in the compute dtype are made once per weight version and reused
+  (`sk.ops.weight_cache`: one extra copy of the weights in that dtype; call once before capturing a CUDA graph).
+  PreNormGatedFFN in bf16/fp16 then runs the whole block as one `sk.ops.fused_gated_mlp` call (norm, gate/up,
+  activation, down), plus the residual add.
 """
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ from torch import nn
 
 from sk import ops
 from sk.nn.norm import GemmaRMSNorm, RMSNorm
+from sk.ops import weight_cache
 from sk.ops.act_and_mul import act_and_mul_reference
+from sk.ops.rms_norm import GEMMA_OFFSET
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
@@ -29,6 +34,14 @@ def _act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
     if activation == "silu":
         return ops.silu_and_mul(x)
     return ops.gelu_and_mul(x, approximate="tanh" if activation == "gelu_tanh" else "none")
+
+
+_ACT_OPS = {"silu": "silu_and_mul", "gelu": "gelu_and_mul", "gelu_tanh": "gelu_and_mul"}
+
+
+def _training(x: torch.Tensor, module: nn.Module) -> bool:
+    """Whether autograd must reach the parameters (or x) through this call."""
+    return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters()))
 
 
 def _reference_activation(activation: str, g: torch.Tensor) -> torch.Tensor:
@@ -53,11 +66,30 @@ class GatedMLP(nn.Module):
         return self._gate_up_act_down(x.to(dtype), dtype)
 
     def _gate_up_act_down(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        g, u, d = self.gate_proj, self.up_proj, self.down_proj
-        w_gu = torch.cat([g.weight.to(dtype), u.weight.to(dtype)])
-        b_gu = None if g.bias is None else torch.cat([g.bias.to(dtype), u.bias.to(dtype)])
+        d = self.down_proj
+        if _training(x, self):
+            g, u = self.gate_proj, self.up_proj
+            w_gu = torch.cat([g.weight.to(dtype), u.weight.to(dtype)])
+            b_gu = None if g.bias is None else torch.cat([g.bias.to(dtype), u.bias.to(dtype)])
+            h = _act_and_mul(F.linear(x, w_gu, b_gu), self.activation)
+            return F.linear(h, d.weight.to(dtype), None if d.bias is None else d.bias.to(dtype))
+        op = _ACT_OPS[self.activation]
+        w_gu, b_gu = self.gate_up(dtype, op)
         h = _act_and_mul(F.linear(x, w_gu, b_gu), self.activation)
-        return F.linear(h, d.weight.to(dtype), None if d.bias is None else d.bias.to(dtype))
+        return F.linear(h, weight_cache.cast(op, d.weight, dtype),
+                        None if d.bias is None else weight_cache.cast(op, d.bias, dtype))
+
+    def gate_up(self, dtype: torch.dtype, op: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """([gate; up] weight, [gate; up] bias or None) in `dtype`, cached per weight version (inference only:
+        no gradient reaches the parameters through them). `op` names the coverage row of a capture-time miss."""
+        g, u = self.gate_proj, self.up_proj
+
+        def cat(a, b):
+            return lambda: torch.cat([a.detach().to(dtype), b.detach().to(dtype)])
+        w = weight_cache.derived(op, (g.weight, u.weight), ("gated_mlp_gate_up", dtype), cat(g.weight, u.weight))
+        b = None if g.bias is None else weight_cache.derived(op, (g.bias, u.bias), ("gated_mlp_gate_up", dtype),
+                                                             cat(g.bias, u.bias))
+        return w, b
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
@@ -126,7 +158,25 @@ class PreNormGatedFFN(nn.Module):
         self.mlp = GatedMLP(d_model, d_ff, activation, bias=bias, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _training(x, self):
+            device_type = x.device.type
+            dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+            if dtype in (torch.bfloat16, torch.float16):
+                return self._fused(x.to(dtype), dtype)
         return x + self.mlp(self.norm(x))
+
+    def _fused(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Inference in bf16/fp16: norm + MLP as one sk.ops.fused_gated_mlp call, then the residual add."""
+        norm, mlp = self.norm, self.mlp
+        kind = "gemma_rms" if norm.weight_offset == GEMMA_OFFSET else "rms"
+        op = f"fused_gated_mlp/{kind}"
+        gate_up, gate_up_bias = mlp.gate_up(dtype, op)
+        down = mlp.down_proj
+        out, _ = ops.fused_gated_mlp(
+            x, norm.weight, gate_up, weight_cache.cast(op, down.weight, dtype), norm.eps, norm=kind,
+            activation=mlp.activation, gate_up_bias=gate_up_bias,
+            down_bias=None if down.bias is None else weight_cache.cast(op, down.bias, dtype))
+        return x + out
 
     @classmethod
     def from_modules(cls, norm: nn.Module, mlp: nn.Module, *, dtype: torch.dtype | None = None,
