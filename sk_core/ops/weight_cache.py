@@ -39,7 +39,7 @@ from sk import coverage
 
 T = TypeVar("T")
 
-# key -> (weakrefs of the present sources, their state, value)
+# key -> (the present sources' states, value); each source's finalizer drops its keys
 _entries: dict = {}
 # key -> values read by a CUDA-graph capture: alive while the sources are
 _pinned: dict = {}
@@ -64,25 +64,25 @@ def derived(op: str, sources: Sequence[torch.Tensor | None], tag: Hashable, make
             coverage.record_fallback(op, present, UNCACHED.format(cls=f"{cls.__module__}.{cls.__qualname__}"))
         return make()
     key = (tuple(map(id, sources)), tag)
-    state = tuple(map(_state, present))
     entry = _entries.get(key)
-    hit = entry is not None and entry[1] == state and all(ref() is t for ref, t in zip(entry[0], present))
+    # An entry's sources are alive (each one's finalizer drops it), so equal ids are the same objects.
+    hit = entry is not None and _unchanged(present, entry[0])
     capturing = present[0].is_cuda and torch.cuda.is_current_stream_capturing()
     if not capturing:
         if hit:
-            return entry[2]
+            return entry[1]
         if entry is None:
             for t in present:
                 weakref.finalize(t, _forget_key, key)
         value = make()
-        _entries[key] = ([weakref.ref(t) for t in present], state, value)
+        _entries[key] = (tuple(map(_state, present)), value)
         return value
     if _step_graph.get():
         return make()
     if not hit:
         coverage.record_fallback(op, present, CAPTURE_MISS)
         return make()
-    value = entry[2]
+    value = entry[1]
     pinned = _pinned.setdefault(key, [])
     if all(v is not value for v in pinned):
         pinned.append(value)
@@ -111,10 +111,8 @@ def cast(op: str, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def is_cached(sources: Sequence[torch.Tensor | None], tag: Hashable) -> bool:
     """Whether a valid entry exists (what a capture would read without re-making it)."""
-    present = [t for t in sources if t is not None]
     entry = _entries.get((tuple(map(id, sources)), tag))
-    return (entry is not None and entry[1] == tuple(map(_state, present))
-            and all(ref() is t for ref, t in zip(entry[0], present)))
+    return entry is not None and _unchanged([t for t in sources if t is not None], entry[0])
 
 
 def forget(tensor: torch.Tensor) -> None:
@@ -134,7 +132,7 @@ def size_bytes() -> int:
         if isinstance(v, torch.Tensor):
             return v.numel() * v.element_size()
         return sum(nbytes(x) for x in v) if isinstance(v, (tuple, list)) else 0
-    return sum(nbytes(e[2]) for e in _entries.values())
+    return sum(nbytes(e[1]) for e in _entries.values())
 
 
 @contextlib.contextmanager
@@ -152,6 +150,15 @@ def _tracing() -> bool:
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     return torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+
+
+def _unchanged(present: list, states: tuple) -> bool:
+    """Whether each tensor still has the storage and version recorded (inference tensors, recorded with version
+    None, are not asked for one: they have none)."""
+    for t, (ptr, version) in zip(present, states):
+        if t.data_ptr() != ptr or (version is not None and t._version != version):
+            return False
+    return True
 
 
 def _state(t: torch.Tensor) -> tuple:
