@@ -1,7 +1,7 @@
 """What the family's ops share: the GEMM tile config, the Triton tile helpers both ops' kernels call, and the
 host-side helpers of their launchers (TMA descriptors, integer maths, SM count, eager detection).
 
-One copy of each, imported by `geglu_kernels` (the pre-norm GEGLU op's kernels) and `triton_kernels` (the
+One copy of each (`_split_k_sum` too), imported by `geglu_kernels` (the pre-norm GEGLU op's kernels) and `triton_kernels` (the
 engine-form gated MLP's); the kernels call `_tile_coords` / `_tile_product` under these names, so moving them here
 left the kernels' source text as it was.
 """
@@ -83,6 +83,29 @@ def _tile_product(a_desc, b_desc, a_row, b_row, k_first, K_STEPS: tl.constexpr, 
     if SWAP_AB:
         acc = acc.T
     return acc
+
+
+@triton.jit
+def _split_k_sum(acc, partial_ptr, arrivals_ptr, tile, pid_m, pid_n, n_rows, d, SPLIT_K: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Serial split-K as CUTLASS's: each split stores its fp32 partial of the tile (partial is [SPLIT_K, n_rows,
+    d]), a barrier, one release (the tile's arrival counter, zeroed before the kernel); the program that
+    arrives last acquires it and sums the partials in split order: the same bits every run. Returns (the sum,
+    whether this program is that last one); the others' first value is their own partial."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m < n_rows)[:, None] & (offs_n < d)[None, :]
+    partial_ptrs = partial_ptr + offs_m.to(tl.int64)[:, None] * d + offs_n[None, :]
+    split_stride = n_rows.to(tl.int64) * d
+    tl.store(partial_ptrs + tl.program_id(1) * split_stride, acc, mask=mask)
+    tl.debug_barrier()  # every thread's partial is in before the tile's arrival is counted
+    arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel")
+    last = arrived == SPLIT_K - 1
+    if last:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for split in tl.static_range(SPLIT_K):
+            acc += tl.load(partial_ptrs + split * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
+    return acc, last
 
 
 # ----------------------------------------------------------------------------------------------- host helpers

@@ -43,9 +43,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sk import settings
 from sk.ops.act_and_mul import activate
-from sk.ops.gated_mlp.common import (  # noqa: F401 (_tile_coords, _tile_product: the kernels call them by name)
-    TMA_ALIGN, TileConfig, _tile_coords, _tile_product, align, cdiv, descriptor, next_power_of_2, sm_count,
-    tma_ready,
+from sk.ops.gated_mlp.common import (  # noqa: F401 (the kernels call the _-named helpers by name)
+    TMA_ALIGN, TileConfig, _split_k_sum, _tile_coords, _tile_product, align, cdiv, descriptor, next_power_of_2,
+    sm_count, tma_ready,
 )
 
 
@@ -174,20 +174,9 @@ def _down_kernel(
     acc = _tile_product(a_desc, wd_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k_first, K_BLOCKS_PER_SPLIT, SWAP_AB,
                         BLOCK_M, BLOCK_N, BLOCK_K)
     if SPLIT_K > 1:
-        # partial is [SPLIT_K, n_rows, d] fp32. As CUTLASS's serial split-K: plain stores, a barrier, one
-        # release (the counter); the last arriving program acquires it and sums in split order.
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask = (offs_m < n_rows)[:, None] & (offs_n < d)[None, :]
-        partial_ptrs = partial_ptr + offs_m.to(tl.int64)[:, None] * d + offs_n[None, :]
-        split_stride = n_rows.to(tl.int64) * d
-        tl.store(partial_ptrs + tl.program_id(1) * split_stride, acc, mask=mask)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for split in tl.static_range(SPLIT_K):
-                acc += tl.load(partial_ptrs + split * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
+        acc, last = _split_k_sum(acc, partial_ptr, arrivals_ptr, tile, pid_m, pid_n, n_rows, d, SPLIT_K, BLOCK_M,
+                                 BLOCK_N)
+        if last:
             _down_epilogue(acc, bd_ptr, y_desc, pid_m, pid_n, d, HAS_BIAS, BLOCK_M, BLOCK_N)
     else:
         _down_epilogue(acc, bd_ptr, y_desc, pid_m, pid_n, d, HAS_BIAS, BLOCK_M, BLOCK_N)
