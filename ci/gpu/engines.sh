@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The engine checks on the GPU host, one or two steps per call of the device tool (a call runs ≤ 10 minutes):
+#   bash ci/gpu/stage.sh .gpu-stage vllm        # here: wheels in folders that each fit one device-tool carry
 #   bash ci/gpu/engines.sh install              # once per host, after the staged parts were copied into .gpu-flat
 #   bash ci/gpu/engines.sh STEP OUTDIR          # one of the steps below
 # Steps that use one GPU can run side by side on a 2-GPU host (CUDA_VISIBLE_DEVICES=0 / =1), each on its own
