@@ -7,10 +7,14 @@ sizes; the weights are loaded later, into the same Parameter objects the fused b
 SGLang runs every shape before capturing a CUDA graph (NOTES.md), so the op prepares its weights outside capture.
 
 Which layers: `DECODER_LAYERS`, where the installed class's forward has `<norm>(hidden_states, residual)` then
-`mlp(hidden_states)` (checked once per class). A forward of another shape (SGLang's LayerCommunicator with
-all-reduce fusion or scattered modes, say), quantized linears, options the op does not compute or unknown
-MLP/norm classes keep SGLang's path, recorded with the reason (an error under SK_STRICT=1). SGLang logs and
-skips plugins that raise, so a layout we did not read is a per-layer record here, not a refusal of the adapter.
+`mlp(hidden_states)`, or (Qwen3) `layer_communicator.prepare_mlp(hidden_states, residual, ...)` then
+`mlp(hidden_states, ...)` (checked once per class, `layout_miss`). A LayerCommunicator is fused only on its
+plain path (one attention rank: `prepare_mlp` calls the norm and nothing else, `postprocess_layer` passes the
+pair through), with the stand-in given to the communicator too; its communicating modes (attention tensor or
+data parallelism, all-reduce fusion, scattered residuals), quantized linears, options the op does not compute
+or unknown MLP/norm classes keep SGLang's path, recorded with the reason (an error under SK_STRICT=1). SGLang
+logs and skips plugins that raise, so a layout we did not read is a per-layer record here, not a refusal of the
+adapter.
 """
 from __future__ import annotations
 
@@ -88,16 +92,51 @@ def fuse_layer(layer: torch.nn.Module, norm_attr: str, name: str, blocks: FusedB
     if all_reduce is None:
         from sglang.srt.distributed import tensor_model_parallel_all_reduce as all_reduce
     fused_blocks.fuse_layer(layer, plan, all_reduce, name)
+    communicator = getattr(layer, "layer_communicator", None)
+    if communicator is not None:  # prepare_mlp calls the communicator's norm, not the layer's attribute
+        communicator.post_attention_layernorm = getattr(layer, norm_attr)
     blocks.fused[name] = f"{cls.__name__}: {norm_attr} + mlp, norm={plan.norm}, activation={plan.activation}"
     return blocks
 
 
+# The communicator's plain path (SGLang's names): the norm called as it is, the (hidden, residual) pair passed on.
+PLAIN_COMMUNICATION = ("CommunicateWithAllReduceAndLayerNormFn._simple", "CommunicateSummableTensorPairFn._trivial")
+
+
 @functools.lru_cache(maxsize=None)
-def _forward_miss(cls: type, norm_attr: str) -> str | None:
+def layout_miss(cls: type, norm_attr: str) -> str | None:
+    """Why `cls.forward` is not a layout the fused block was written for, or None."""
     # Gemma-2/3: SGLang's post_feedforward_layernorm follows, on the MLP's output: ours returns that output.
-    if not fused_blocks.norm_then_mlp(cls.forward, norm_attr, then_return=False):
-        return (f"{cls.__name__}.forward does not call {norm_attr}(hidden_states, residual) then "
-                f"mlp(hidden_states) (the layout the fused block was written for)")
+    if fused_blocks.norm_then_mlp(cls.forward, norm_attr, then_return=False):
+        return None
+    if norm_attr == "post_attention_layernorm" and _communicator_then_mlp(cls.forward):
+        return None
+    return (f"{cls.__name__}.forward does not call {norm_attr}(hidden_states, residual) (or "
+            f"layer_communicator.prepare_mlp) then mlp(hidden_states) (the layouts the fused block was written for)")
+
+
+def _communicator_then_mlp(forward) -> bool:
+    import inspect
+    import re
+
+    source = " ".join(inspect.getsource(forward).split())
+    return re.search(r"hidden_states, residual = self\.layer_communicator\.prepare_mlp\( ?hidden_states, residual, "
+                     r"forward_batch\b.*?\) hidden_states = self\.mlp\(hidden_states\b", source) is not None
+
+
+def _communicator_miss(layer: torch.nn.Module, norm_attr: str) -> str | None:
+    communicator = getattr(layer, "layer_communicator", None)
+    if communicator is None:
+        return None
+    fns = (getattr(communicator, "_communicate_with_all_reduce_and_layer_norm_fn", None),
+           getattr(communicator, "_communicate_summable_tensor_pair_fn", None))
+    names = tuple(getattr(getattr(fn, "func", fn), "__qualname__", None) for fn in fns)
+    if type(communicator).__name__ != "LayerCommunicator" or names != PLAIN_COMMUNICATION:
+        return ("SGLang's LayerCommunicator communicates around the norm here (attention tensor/data parallelism, "
+                f"all-reduce fusion or scattered residuals: {', '.join(map(str, names))}); only its plain path "
+                "is fused")
+    if getattr(communicator, "post_attention_layernorm", None) is not getattr(layer, norm_attr, None):
+        return f"the LayerCommunicator's post_attention_layernorm is not the layer's {norm_attr}"
     return None
 
 
@@ -112,11 +151,9 @@ def _mlp_miss(cls: type) -> str | None:
 
 def plan_layer(layer: torch.nn.Module, norm_attr: str) -> Plan | str:
     """How to fuse this SGLang decoder layer, or why it keeps SGLang's path."""
-    miss = _forward_miss(type(layer), norm_attr)
+    miss = layout_miss(type(layer), norm_attr) or _communicator_miss(layer, norm_attr)
     if miss:
         return miss
-    if getattr(layer, "layer_communicator", None) is not None:
-        return "SGLang's LayerCommunicator runs its norms (all-reduce fusion, scattered modes)"
     norm_module, mlp = getattr(layer, norm_attr, None), getattr(layer, "mlp", None)
     miss = _mlp_miss(type(mlp))
     if miss:

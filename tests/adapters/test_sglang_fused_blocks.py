@@ -11,6 +11,7 @@ returning what the stock layer returns; layouts and options the op does not cove
 reason, an error naming the layer in strict mode; SK_FUSED_MLP=0 installs nothing; tensor-parallel shards;
 Dynamo traces the fused layer whole. The real-SGLang layer checks are test_sglang_plugin.py (SGLang venv).
 """
+import functools
 import sys
 import types
 
@@ -154,19 +155,69 @@ class Gemma2DecoderLayer(torch.nn.Module):
         return hidden_states, residual
 
 
+class CommunicateWithAllReduceAndLayerNormFn:  # SGLang's names: the plain path and a communicating one
+    @staticmethod
+    def _simple(hidden_states, residual, forward_batch, layernorm, context):
+        if hidden_states.shape[0] != 0:
+            hidden_states, residual = layernorm(hidden_states, residual)
+        return hidden_states, residual
+
+    @staticmethod
+    def _gather_hidden_states_and_residual(hidden_states, residual, forward_batch, layernorm, context,
+                                           residual_input_mode=None):
+        raise AssertionError("a communicating mode is not run here")
+
+
+class CommunicateSummableTensorPairFn:
+    @staticmethod
+    def _trivial(hidden_states, residual, forward_batch, context):
+        return hidden_states, residual
+
+
+class LayerCommunicator:
+    """SGLang's, as the MLP half of a Qwen3 layer uses it: prepare_mlp calls the communicator's own norm."""
+
+    def __init__(self, input_layernorm, post_attention_layernorm, communicating=False):
+        self.input_layernorm, self.post_attention_layernorm = input_layernorm, post_attention_layernorm
+        self._communicate_with_all_reduce_and_layer_norm_fn = (
+            functools.partial(CommunicateWithAllReduceAndLayerNormFn._gather_hidden_states_and_residual,
+                              residual_input_mode="scattered")
+            if communicating else CommunicateWithAllReduceAndLayerNormFn._simple)
+        self._communicate_summable_tensor_pair_fn = CommunicateSummableTensorPairFn._trivial
+
+    def prepare_mlp(self, hidden_states, residual, forward_batch, cache=None):
+        return self._communicate_with_all_reduce_and_layer_norm_fn(
+            hidden_states=hidden_states, residual=residual, forward_batch=forward_batch,
+            layernorm=self.post_attention_layernorm, context=None)
+
+    def postprocess_layer(self, hidden_states, residual, forward_batch):
+        return self._communicate_summable_tensor_pair_fn(hidden_states=hidden_states, residual=residual,
+                                                         forward_batch=forward_batch, context=None)
+
+
 class Qwen3DecoderLayer(torch.nn.Module):
     __module__ = QWEN3
 
-    def __init__(self, config=None, layer_id=0, quant_config=None, prefix=""):
+    def __init__(self, config=None, layer_id=0, quant_config=None, prefix="", communicating=False):
         super().__init__()
+        torch.manual_seed(layer_id)
         self.mlp = LlamaMLP(D, FF)
         self.input_layernorm = RMSNorm(D)
         self.post_attention_layernorm = RMSNorm(D)
-        self.layer_communicator = object()
+        self.layer_communicator = LayerCommunicator(self.input_layernorm, self.post_attention_layernorm,
+                                                    communicating)
 
-    def forward(self, positions, hidden_states, forward_batch, residual):
-        hidden_states, residual = self.layer_communicator.prepare_mlp(hidden_states, residual, forward_batch)
-        hidden_states = self.mlp(hidden_states, forward_batch)
+    def forward(self, positions, hidden_states, forward_batch, residual, post_residual_addition=None):
+        # (the attention half, through prepare_attn, is not what is swapped)
+        # Fully Connected
+        hidden_states, residual = self.layer_communicator.prepare_mlp(
+            hidden_states,
+            residual,
+            forward_batch,
+            cache=None,
+        )
+        hidden_states = self.mlp(hidden_states, forward_batch=forward_batch)
+        hidden_states, residual = self.layer_communicator.postprocess_layer(hidden_states, residual, forward_batch)
         return hidden_states, residual
 
 
@@ -216,6 +267,7 @@ def sglang(monkeypatch):
 
 def test_layers_built_under_the_hooks_are_fused_and_answer_as_stock(sglang):
     stock_llama, stock_gemma = LlamaDecoderLayer(layer_id=3), Gemma2DecoderLayer(layer_id=4)
+    stock_qwen3 = Qwen3DecoderLayer(layer_id=0)
     installed = sglang.apply()
     assert set(installed) == {f"{LLAMA}.LlamaDecoderLayer.__init__", f"{GEMMA2}.Gemma2DecoderLayer.__init__",
                               f"{QWEN3}.Qwen3DecoderLayer.__init__"}
@@ -223,24 +275,30 @@ def test_layers_built_under_the_hooks_are_fused_and_answer_as_stock(sglang):
     llama = LlamaDecoderLayer(layer_id=3, prefix="model.layers.3")
     gemma = Gemma2DecoderLayer(layer_id=4, prefix="model.layers.4")
     qwen3 = Qwen3DecoderLayer(layer_id=0, prefix="model.layers.0")
+    communicating = Qwen3DecoderLayer(layer_id=1, prefix="model.layers.1", communicating=True)
     blocks = sglang.blocks()
     assert blocks.fused == {
         "model.layers.3": "LlamaDecoderLayer: post_attention_layernorm + mlp, norm=rms, activation=silu",
         "model.layers.4": "Gemma2DecoderLayer: pre_feedforward_layernorm + mlp, norm=gemma_rms, activation=gelu_tanh",
+        "model.layers.0": "Qwen3DecoderLayer: post_attention_layernorm + mlp, norm=rms, activation=silu",
     }
-    assert blocks.engine_path == {"model.layers.0": "Qwen3DecoderLayer: Qwen3DecoderLayer.forward does not call "
-                                  "post_attention_layernorm(hidden_states, residual) then mlp(hidden_states) (the "
-                                  "layout the fused block was written for)"}
-    assert not isinstance(qwen3.mlp, fused_blocks.MlpComputedByNorm)
+    assert blocks.engine_path == {"model.layers.1": (
+        "Qwen3DecoderLayer: SGLang's LayerCommunicator communicates around the norm here (attention tensor/data "
+        "parallelism, all-reduce fusion or scattered residuals: "
+        "CommunicateWithAllReduceAndLayerNormFn._gather_hidden_states_and_residual, "
+        "CommunicateSummableTensorPairFn._trivial); only its plain path is fused")}
+    assert not isinstance(communicating.mlp, fused_blocks.MlpComputedByNorm)
+    assert qwen3.layer_communicator.post_attention_layernorm is qwen3.post_attention_layernorm
     assert [n for n, _ in llama.named_parameters()] == [n for n, _ in stock_llama.named_parameters()]
     x, residual = torch.randn(5, D), torch.randn(5, D)
     for stock, fused, args in ((stock_llama, llama, lambda r: (None, x, None, r)),
-                               (stock_gemma, gemma, lambda r: (None, x, r, None))):
+                               (stock_gemma, gemma, lambda r: (None, x, r, None)),
+                               (stock_qwen3, qwen3, lambda r: (None, x, None, x if r is None else r))):
         for r in (residual, None):  # the first layer gets no residual
             expected, got = stock(*args(r)), fused(*args(r))
             torch.testing.assert_close(got, expected)
     report = blocks.report()
-    assert report["layers_fused"] == 2 and report["fallback_calls"] == 4
+    assert report["layers_fused"] == 3 and report["fallback_calls"] == 6
     assert {f["op"] for f in sk.coverage.report()["fallbacks"]} >= {"fused_gated_mlp/rms", "fused_gated_mlp/gemma_rms"}
     assert sglang.module.summary(installed).startswith(fused_blocks.WHAT)
 
@@ -306,3 +364,18 @@ def test_dynamo_traces_the_fused_layer_whole(sglang):
     eager = layer(None, x, residual, None)
     compiled = torch.compile(layer, fullgraph=True, backend="eager")(None, x, residual, None)
     torch.testing.assert_close(compiled, eager)
+
+
+def test_a_forward_of_another_layout_keeps_sglangs_path(sglang):
+    class Reordered(LlamaDecoderLayer):  # a Llama layer whose forward runs the MLP before its norm
+        def forward(self, positions, hidden_states, forward_batch, residual):
+            hidden_states = self.mlp(hidden_states)
+            hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+            return hidden_states, residual
+    Reordered.__name__ = "LlamaDecoderLayer"
+    blocks = sglang.module.fuse_layer(Reordered(), "post_attention_layernorm", "model.layers.7",
+                                      blocks=fused_blocks.FusedBlocks())
+    assert blocks.engine_path == {"model.layers.7": (
+        "LlamaDecoderLayer: LlamaDecoderLayer.forward does not call post_attention_layernorm(hidden_states, "
+        "residual) (or layer_communicator.prepare_mlp) then mlp(hidden_states) (the layouts the fused block was "
+        "written for)")}
