@@ -22,9 +22,9 @@ BF16 copy is half its FP32 master), held until a source is freed.
   (`within_step_graph()`): the masters change between replays and each replay must cast what it reads.
 - **Traced tensors** (torch.compile's fake tensors, functional and other `__torch_dispatch__` subclasses):
   `make()` every call, nothing kept; outside tracing such a source (e.g. a DTensor) is recorded as a coverage
-  miss of `op` (`UNCACHED`), so that the per-call copy is not a silent slow path. Parameter subclasses that only add Python behaviour (vLLM's and SGLang's
-  `ModelWeightParameter`, with their weight loaders and `__torch_function__`) own real storage and a version
-  counter: they are cached like any tensor (`cacheable`).
+  miss of `op` (`UNCACHED`), so that the per-call copy is not a silent slow path. Parameter subclasses that
+  only add Python behaviour (vLLM's `ModelWeightParameter`, with its weight loader and `__torch_function__`)
+  own real storage and a version counter: they are cached like any tensor (`cacheable`).
 """
 from __future__ import annotations
 
