@@ -1,9 +1,8 @@
 """What the family's ops share: the GEMM tile config, the Triton tile helpers both ops' kernels call, and the
 host-side helpers of their launchers (TMA descriptors, integer maths, SM count, eager detection).
 
-One copy of each (`_split_k_sum` too), imported by `geglu_kernels` (the pre-norm GEGLU op's kernels) and `triton_kernels` (the
-engine-form gated MLP's); the kernels call `_tile_coords` / `_tile_product` under these names, so moving them here
-left the kernels' source text as it was.
+One copy of each, imported by `geglu_kernels` (the pre-norm GEGLU op's kernels) and `triton_kernels` (the
+engine-form gated MLP's); the kernels call `_tile_coords` / `_tile_product` / `_split_k_sum` under these names.
 """
 from __future__ import annotations
 
