@@ -199,10 +199,11 @@ class FusedBlocks:
     def report(self) -> dict:
         coverage = sk.coverage.report()
         calls = {op: n for op, n in coverage["kernel_calls"].items() if op.startswith("fused_gated_mlp")}
+        prepared = {op: n for op, n in coverage["weights_prepared"].items() if op.startswith("fused_gated_mlp")}
         fallbacks = [f for f in coverage["fallbacks"] if f["op"].startswith("fused_gated_mlp")]
         return {"enabled": self.disabled is None, "disabled": self.disabled, "what": WHAT,
                 "layers_fused": len(self.fused), "fused": dict(self.fused), "engine_path": dict(self.engine_path),
-                "kernel_calls": calls, "fallback_calls": sum(f["count"] for f in fallbacks),
+                "kernel_calls": calls, "weights_prepared": prepared, "fallback_calls": sum(f["count"] for f in fallbacks),
                 "fallback_reasons": sorted({f["reason"] for f in fallbacks})}
 
 

@@ -117,6 +117,8 @@ def backward_of(ctx) -> Iterator[None]:
 
 _lock = threading.Lock()
 _kernel_calls: Counter = Counter()
+# op -> weight copies (casts, folds) sk.ops.weight_cache made for it: a few per weight version, not one per call.
+_weights_prepared: Counter = Counter()
 _fallbacks: Counter = Counter()
 _counting = contextvars.ContextVar("sk_counting", default=True)
 _changes = 0  # bumped by every record: a report writer compares it to skip unchanged reports
@@ -166,6 +168,14 @@ def uncounted() -> Iterator[None]:
         yield
     finally:
         _counting.reset(token)
+
+
+def count_weights_prepared(op: str) -> None:
+    """Count one derived weight copy made for `op` (sk.ops.weight_cache): the report's `weights_prepared`."""
+    global _changes
+    with _lock:
+        _weights_prepared[op] += 1
+        _changes += 1
 
 
 def count_kernel_call(op: str) -> None:
@@ -285,16 +295,19 @@ def reset() -> None:
     global _first_violation, _changes
     with _lock:
         _kernel_calls.clear()
+        _weights_prepared.clear()
         _fallbacks.clear()
         _first_violation = None
         _changes += 1
 
 
 def report() -> dict:
-    """What this process recorded: kernel calls per op, every fallback with its reason and count, and the first
+    """What this process recorded: kernel calls per op, every fallback with its reason and count, the weight
+    copies made per op (`weights_prepared`: about one per weight and dtype; one per call is a bug), and the first
     strict-mode miss (None when there was none)."""
     with _lock:
         calls, misses, violation = dict(_kernel_calls), list(_fallbacks.items()), _first_violation
+        prepared = dict(_weights_prepared)
     gpu = None
     if torch.cuda.is_initialized():  # never initialise CUDA just to write a report
         index = _cuda_index if _cuda_index is not None else torch.cuda.current_device()
@@ -309,6 +322,7 @@ def report() -> dict:
         "versions": {"standardkernels": __version__, "torch": torch.__version__, "triton": triton.__version__},
         "processes": [{"pid": os.getpid(), "rank": os.environ.get("RANK"), "gpu": gpu}],
         "kernel_calls": calls,
+        "weights_prepared": prepared,
         "fallbacks": [
             {"op": op, "shapes": [list(s) for s in shapes], "dtypes": list(dtypes), "device": dev, "arch": arch,
              "reason": reason, "count": n}
@@ -323,15 +337,18 @@ def merge_reports(reports: Iterable[dict]) -> dict:
     strict violation kept."""
     reports = list(reports)
     calls: Counter = Counter()
+    prepared: Counter = Counter()
     misses: Counter = Counter()
     for r in reports:
         calls.update(r["kernel_calls"])
+        prepared.update(r.get("weights_prepared", {}))  # reports written before the field have none
         for f in r["fallbacks"]:
             key = (f["op"], json.dumps(f["shapes"]), tuple(f["dtypes"]), f["device"], f["arch"], f["reason"])
             misses[key] += f["count"]
     merged = dict(reports[0]) if reports else report()
     merged["processes"] = [p for r in reports for p in r["processes"]]
     merged["kernel_calls"] = dict(calls)
+    merged["weights_prepared"] = dict(prepared)
     merged["fallbacks"] = [
         {"op": op, "shapes": json.loads(shapes), "dtypes": list(dtypes), "device": dev, "arch": arch,
          "reason": reason, "count": n}

@@ -260,10 +260,12 @@ def test_interpreted_engine_parameter_classes_are_prepared_once(monkeypatch):
     x = make_x(3, d, torch.float16)
     for cls, block in engine_parameters(make_block(d, ff, "rms", dtype=torch.float16)):
         folds.clear()
+        sk.coverage.reset()
         assert type(block["gate_up_weight"]) is cls
         first = call_op(block, x, x.clone(), "rms", "silu")[0]
         assert torch.equal(call_op(block, x, x.clone(), "rms", "silu")[0], first)
         assert len(folds) == 1, cls
+        assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 1}  # what engine reports show
         with torch.no_grad():
             block["gate_up_weight"].mul_(2)  # an in-place weight update is still seen
         call_op(block, x, x.clone(), "rms", "silu")

@@ -20,6 +20,8 @@ BF16 copy is half its FP32 master), held until a source is freed.
   `op` ("call once before capturing") and raises under `strict()`.
 - **Captures of training steps** (`sk_core/ops/_step_graphs.py`) run `make()` inside the graph on purpose
   (`within_step_graph()`): the masters change between replays and each replay must cast what it reads.
+- **Counted**: each copy made is counted under `op` in `sk.coverage.report()["weights_prepared"]` (engine reports
+  carry it), so that copies made per call show up as a count that grows with the calls.
 - **Traced tensors** (torch.compile's fake tensors, functional and other `__torch_dispatch__` subclasses):
   `make()` every call, nothing kept; outside tracing such a source (e.g. a DTensor) is recorded as a coverage
   miss of `op` (`UNCACHED`), so that the per-call copy is not a silent slow path. Parameter subclasses that
@@ -62,6 +64,7 @@ def derived(op: str, sources: Sequence[torch.Tensor | None], tag: Hashable, make
         if not _tracing():
             cls = next(type(t) for t in present if not cacheable(t))
             coverage.record_fallback(op, present, UNCACHED.format(cls=f"{cls.__module__}.{cls.__qualname__}"))
+            coverage.count_weights_prepared(op)
         return make()
     key = (tuple(map(id, sources)), tag)
     entry = _entries.get(key)
@@ -75,12 +78,14 @@ def derived(op: str, sources: Sequence[torch.Tensor | None], tag: Hashable, make
             for t in present:
                 weakref.finalize(t, _forget_key, key)
         value = make()
+        coverage.count_weights_prepared(op)
         _entries[key] = (tuple(map(_state, present)), value)
         return value
     if _step_graph.get():
         return make()
     if not hit:
         coverage.record_fallback(op, present, CAPTURE_MISS)
+        coverage.count_weights_prepared(op)  # once here, and again in every replay
         return make()
     value = entry[1]
     pinned = _pinned.setdefault(key, [])

@@ -78,7 +78,8 @@ def adapter_summary(report_dir: Path, engine: str) -> dict:
         fallbacks.setdefault(f["op"], {}).setdefault(f["reason"], 0)
         fallbacks[f["op"]][f["reason"]] += f["count"]
     return {"workers": len(workers), "replaced": sorted(merged["replaced"]),
-            "kernel_calls": merged["coverage"]["kernel_calls"], "fallbacks": fallbacks}
+            "kernel_calls": merged["coverage"]["kernel_calls"],
+            "weights_prepared": merged["coverage"].get("weights_prepared", {}), "fallbacks": fallbacks}
 
 
 def _lengths(values: list[int]) -> str:
@@ -151,6 +152,9 @@ def print_scenario(console: Console, result: dict) -> None:
         reasons = sorted({reason for rs in adapter["fallbacks"].values() for reason in rs})
         console.print(f"candidate worker: replaced {', '.join(adapter['replaced'])}; Triton kernel calls {calls or 0}; "
                       f"PyTorch-reference calls {fallbacks or 0}" + (f" ({'; '.join(reasons)})" if reasons else ""))
+        if adapter.get("weights_prepared"):
+            console.print(f"candidate worker: weight copies prepared {adapter['weights_prepared']} (a few per "
+                          "layer; more means copies made per call)")
     env = result["environment"]
     engine = f"SGLang {env['sglang']}" if env.get("engine") == "sglang" else f"vLLM {env['vllm']}"
     console.print(f"[dim]{engine}, torch {env['torch']}, {env['device']}; "

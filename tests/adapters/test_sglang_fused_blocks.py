@@ -299,6 +299,7 @@ def test_layers_built_under_the_hooks_are_fused_and_answer_as_stock(sglang):
             torch.testing.assert_close(got, expected)
     report = blocks.report()
     assert report["layers_fused"] == 3 and report["fallback_calls"] == 6
+    assert report["weights_prepared"] == {}  # the reference (fp32 on CPU) prepares no copies
     assert {f["op"] for f in sk.coverage.report()["fallbacks"]} >= {"fused_gated_mlp/rms", "fused_gated_mlp/gemma_rms"}
     assert sglang.module.summary(installed).startswith(fused_blocks.WHAT)
 
