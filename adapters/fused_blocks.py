@@ -163,15 +163,21 @@ def fuse_layer(layer: torch.nn.Module, plan: Plan, all_reduce, layer_name: str) 
     layer.set_submodule("mlp", stand_in)
 
 
+def source_text(forward) -> str:
+    """`forward`'s source with every run of whitespace made one space, for the layout checks' patterns."""
+    import inspect
+
+    return " ".join(inspect.getsource(forward).split())
+
+
 def norm_then_mlp(forward, norm_attr: str, interlude: str | None = None, epilogue: str | None = None,
                   then_return: bool = True) -> bool:
     """Whether `forward`'s source has `hidden_states, residual = self.<norm_attr>(hidden_states, residual)` then
     `hidden_states = self.mlp(hidden_states)` (regex `interlude` allowed between them; `epilogue` then `return
     hidden_states, residual` after them when `then_return`); whitespace-insensitive."""
-    import inspect
     import re
 
-    source = " ".join(inspect.getsource(forward).split())
+    source = source_text(forward)
     pattern = (rf"hidden_states, residual = self\.{norm_attr}\( ?hidden_states, residual,? ?\) "
                + (rf"(?:{interlude} )?" if interlude else "")
                + r"hidden_states = self\.mlp\(hidden_states\)"
@@ -181,9 +187,7 @@ def norm_then_mlp(forward, norm_attr: str, interlude: str | None = None, epilogu
 
 def mlp_is_gate_up_act_down(forward) -> bool:
     """Whether an MLP's forward calls gate_up_proj(x), then act_fn, then down_proj, in that order."""
-    import inspect
-
-    source = " ".join(inspect.getsource(forward).split())
+    source = source_text(forward)
     calls = [source.find(c) for c in ("self.gate_up_proj(x)", "self.act_fn", "self.down_proj(")]
     return -1 not in calls and calls == sorted(calls)
 

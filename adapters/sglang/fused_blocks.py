@@ -116,10 +116,9 @@ def layout_miss(cls: type, norm_attr: str) -> str | None:
 
 
 def _communicator_then_mlp(forward) -> bool:
-    import inspect
     import re
 
-    source = " ".join(inspect.getsource(forward).split())
+    source = fused_blocks.source_text(forward)
     return re.search(r"hidden_states, residual = self\.layer_communicator\.prepare_mlp\( ?hidden_states, residual, "
                      r"forward_batch\b.*?\) hidden_states = self\.mlp\(hidden_states\b", source) is not None
 

@@ -39,6 +39,12 @@ def _act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
 _ACT_OPS = {"silu": "silu_and_mul", "gelu": "gelu_and_mul", "gelu_tanh": "gelu_and_mul"}
 
 
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The autocast dtype under torch.autocast, else x's."""
+    device_type = x.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+
+
 def _training(x: torch.Tensor, module: nn.Module) -> bool:
     """Whether autograd must reach the parameters (or x) through this call."""
     return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters()))
@@ -61,8 +67,7 @@ class GatedMLP(nn.Module):
         self.hidden_size, self.intermediate_size, self.activation = hidden_size, intermediate_size, activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        device_type = x.device.type
-        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+        dtype = _compute_dtype(x)
         return self._gate_up_act_down(x.to(dtype), dtype)
 
     def _gate_up_act_down(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -159,8 +164,7 @@ class PreNormGatedFFN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not _training(x, self):
-            device_type = x.device.type
-            dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+            dtype = _compute_dtype(x)
             if dtype in (torch.bfloat16, torch.float16):
                 return self._fused(x.to(dtype), dtype)
         return x + self.mlp(self.norm(x))
