@@ -159,7 +159,7 @@ def test_pre_norm_gated_ffn_inference_in_half_precision_is_one_fused_call(gemma,
     x = torch.randn(m, 24, device=KERNEL_DEVICE)
     with torch.no_grad(), sk.coverage.strict():
         got = block(x.half())
-    offset = 1.0 if gemma else 0.0
+    offset, x = (1.0 if gemma else 0.0), x.cpu()
     want = x.double() + _fp64_mlp(block.mlp.cpu(), fp64_rms_norm(x.half().float(), block.norm.weight.cpu(), 1e-6,
                                                                  offset), activation)
     # fp16 (u = 4.9e-4): the op's 2e-3 (tests/test_fused_gated_mlp.py) plus the residual add's rounding
