@@ -18,6 +18,17 @@ def positive_int(value: str) -> int:
     return number
 
 
+def non_negative_float(value: str) -> float:
+    """A tolerance: a finite number, 0 or more."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number; expected 0 or more") from None
+    if not 0 <= number < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} is not allowed: expected a finite number, 0 or more")
+    return number
+
+
 def output_dir(value: str) -> Path:
     """A folder to write into, existing or to be created: refused when it, or the nearest part of it that
     exists, is not a folder (mkdir would fail there only after the work is done)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sk.argtypes import output_dir, positive_int
+from sk.argtypes import non_negative_float, output_dir, positive_int
 
 console = Console(width=160)
 
@@ -140,7 +140,8 @@ def cmd_eval(args) -> int:
 
     passed = evaluate.run(args.scenario, Path(args.out), enforce_eager=args.enforce_eager, max_layers=args.max_layers,
                           max_requests=args.max_requests, candidates=args.candidates, console=console,
-                          rounds=args.rounds, self_test=args.self_test, workloads=_tokens(args.workloads))
+                          rounds=args.rounds, self_test=args.self_test, workloads=_tokens(args.workloads),
+                          tie_nats=evaluate.DEFAULT_TIE_NATS if args.tie_nats is None else args.tie_nats)
     return 0 if passed else 1
 
 
@@ -247,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     _workloads_option(evaluate)
     evaluate.add_argument("--self-test", action="store_true",
                           help="the stock engine as both baseline and candidate: every interval should hold 1.00")
+    evaluate.add_argument("--tie-nats", type=non_negative_float, default=None, metavar="NATS",
+                          help="a sequence that first differs where both engines rank the two tokens within NATS "
+                               "of each other is a near-tie, not a mismatch (default 0.125: two bf16 rounding "
+                               "steps of a logit in [8, 16); 0 counts every difference)")
     evaluate.set_defaults(func=cmd_eval)
 
     profile = sub.add_parser("profile", help="where a step's time goes: GPU time per kernel class, idle gaps, "

@@ -32,6 +32,8 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_MEM_FRACTION_STATIC = 0.8
 # SGLang's schedulers write the profiler's trace after stop_profile returns.
 TRACE_WAIT_S = 120
+# Log-probabilities kept per generated position in MATCH: enough to rank both engines' tokens at a divergence.
+MATCH_TOP_LOGPROBS = 5
 _DEVNULL = open(os.devnull, "w")
 
 
@@ -117,16 +119,23 @@ class VllmEngine:
     def tokenizer(self):
         return self.llm.get_tokenizer()
 
-    def generate(self, requests: list[prompts.Request], progress: bool = False) -> list[list[int]]:
+    def generate(self, requests: list[prompts.Request], progress: bool = False,
+                 top_logprobs: int = 0) -> tuple[list[list[int]], list | None]:
+        """Greedy tokens per request and, with `top_logprobs`, per position the top [token, logprob] pairs."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         # Greedy with a fixed number of tokens per request: both engines do the same work, and any difference in
         # the tokens is a difference in the numbers the kernels computed.
-        params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
+        params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True,
+                                 logprobs=top_logprobs or None) for r in requests]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r.prompt_token_ids) for r in requests], params,
                                     use_tqdm=_ProgressToParent if progress else False)
-        return [list(o.outputs[0].token_ids) for o in outputs]
+        tokens = [list(o.outputs[0].token_ids) for o in outputs]
+        if not top_logprobs:
+            return tokens, None
+        return tokens, [[[[t, lp.logprob] for t, lp in (position or {}).items()] for position in o.outputs[0].logprobs]
+                        for o in outputs]
 
     def rank0(self, method: str):
         # Rank 0's answer: with tensor parallelism every rank runs the same operators on its shard.
@@ -197,12 +206,21 @@ class SglangEngine:
     def tokenizer(self):
         return self.engine.tokenizer_manager.tokenizer
 
-    def generate(self, requests: list[prompts.Request], progress: bool = False) -> list[list[int]]:
+    def generate(self, requests: list[prompts.Request], progress: bool = False,
+                 top_logprobs: int = 0) -> tuple[list[list[int]], list | None]:
+        """Greedy tokens per request and, with `top_logprobs`, per position the top [token, logprob] pairs."""
         params = [{"temperature": 0.0, "max_new_tokens": r.max_tokens, "ignore_eos": True} for r in requests]
-        outputs = self.engine.generate(input_ids=[r.prompt_token_ids for r in requests], sampling_params=params)
+        logprobs = {"return_logprob": True, "top_logprobs_num": top_logprobs} if top_logprobs else {}
+        outputs = self.engine.generate(input_ids=[r.prompt_token_ids for r in requests], sampling_params=params,
+                                       **logprobs)
         if progress:
             emit("requests_done", n=len(requests))
-        return [list(o["output_ids"]) for o in outputs]
+        tokens = [list(o["output_ids"]) for o in outputs]
+        if not top_logprobs:
+            return tokens, None
+        # SGLang's meta_info: per position a list of (logprob, token id, text) triples, or None.
+        return tokens, [[[[t, lp] for lp, t, *_ in (position or [])]
+                         for position in o["meta_info"]["output_top_logprobs"]] for o in outputs]
 
     def _states(self) -> list[dict]:
         # Each scheduler's internal state; asking makes our adapter write each scheduler's report.
@@ -285,16 +303,17 @@ class Server:
         return self._requests[token]
 
     def match(self, workload: str) -> dict:
-        """Greedy tokens of the workload's requests, apart from the timed batches."""
+        """Greedy tokens of the workload's requests, apart from the timed batches, with each position's top
+        log-probabilities (to tell a divergence at a near-tie from a wrong token)."""
         requests = self.requests(workload)
-        tokens = self.engine.generate(requests, progress=True)
-        return {"input_lens": [len(r.prompt_token_ids) for r in requests], "tokens": tokens}
+        tokens, top = self.engine.generate(requests, progress=True, top_logprobs=MATCH_TOP_LOGPROBS)
+        return {"input_lens": [len(r.prompt_token_ids) for r in requests], "tokens": tokens, "top_logprobs": top}
 
     def batch(self, workload: str) -> dict:
         """One timed batch of the workload's requests."""
         requests = self.requests(workload)
         start = time.perf_counter()
-        tokens = self.engine.generate(requests, progress=True)
+        tokens, _ = self.engine.generate(requests, progress=True)
         return {"elapsed_s": time.perf_counter() - start, "output_tokens": sum(len(t) for t in tokens)}
 
     def capture_reset(self) -> None:

@@ -100,6 +100,8 @@ def test_eval_prints_both_summaries_with_matching_tokens(runs):
     for row in result["rows"]:  # two rounds: A B, then B A
         assert row["rounds"] == 2 and len(row["timings"]["baseline"]) == len(row["timings"]["candidate"]) == 2
         assert row["interval"][0] <= row["speedup"] <= row["interval"][1]
+        # Both engines returned the top log-probabilities that a divergence would be judged by.
+        assert row["logprobs"] == {"baseline": True, "candidate": True} and row["mismatches"] == 0
     assert result["settings"]["order"] == "ABBA"
     # The candidate really ran our ops in the engine's worker (on CPU: their PyTorch path, recorded as such).
     assert result["adapter"]["workers"] == 1

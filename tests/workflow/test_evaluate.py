@@ -23,6 +23,56 @@ def test_first_divergence_names_sequence_position_and_tokens():
     assert evaluate.first_divergence([[1, 2]], [[1, 2, 3]])["position"] == 2
 
 
+def test_a_divergence_at_a_near_tie_is_told_from_a_mismatch():
+    # Per sequence, per position, the engine's top [token, logprob] pairs. Sequence 0: both engines rank 4 and 5
+    # within 0.05 nats (a near-tie); sequence 1: the baseline prefers 7 by 2 nats (a mismatch); sequence 2: the
+    # candidate's token is outside the baseline's top ones (a mismatch); sequence 3 agrees.
+    base = {"tokens": [[1, 4], [2, 7], [3, 9], [6, 6]], "top_logprobs": [
+        [[[1, -0.1]], [[4, -0.70], [5, -0.75]]], [[[2, -0.1]], [[7, -0.1], [8, -2.1]]],
+        [[[3, -0.1]], [[9, -0.2], [1, -3.0]]], [[[6, -0.1]], [[6, -0.1]]]]}
+    cand = {"tokens": [[1, 5], [2, 8], [3, 2], [6, 6]], "top_logprobs": [
+        [[[1, -0.1]], [[5, -0.69], [4, -0.72]]], [[[2, -0.1]], [[8, -0.5], [7, -0.6]]],
+        [[[3, -0.1]], [[2, -0.3], [9, -0.35]]], [[[6, -0.1]], [[6, -0.1]]]]}
+    judged = evaluate.judge_divergences(base, cand, tie_nats=0.125)
+    assert (judged["near_ties"], judged["mismatches"]) == (1, 2)
+    tie, wrong, outside = judged["divergences"]
+    assert (tie["sequence"], tie["position"], tie["kind"]) == (0, 1, "near-tie")
+    assert tie["baseline_gap_nats"] == pytest.approx(0.05) and tie["candidate_gap_nats"] == pytest.approx(0.03)
+    assert wrong["kind"] == "mismatch" and wrong["baseline_gap_nats"] == pytest.approx(2.0)
+    assert outside["kind"] == "mismatch" and outside["baseline_gap_nats"] is None
+    # A tolerance of 0 counts every difference; a looser one takes sequence 1 in.
+    assert evaluate.judge_divergences(base, cand, tie_nats=0.0)["mismatches"] == 3
+    assert evaluate.judge_divergences(base, cand, tie_nats=2.5)["near_ties"] == 2
+    # Without log-probabilities (an engine that returned none) every difference is a mismatch.
+    assert evaluate.judge_divergences(greedy(base["tokens"]), greedy(cand["tokens"]), 0.125)["mismatches"] == 3
+    # A sequence that is only shorter is a mismatch too.
+    short = evaluate.judge_divergences(greedy([[1, 2, 3]]), greedy([[1, 2]]), 10.0)["divergences"]
+    assert short[0]["position"] == 2 and short[0]["candidate_token"] is None and short[0]["kind"] == "mismatch"
+
+
+def test_near_ties_pass_and_show_in_the_match_column():
+    base = {"tokens": [[1, 4], [2, 2]], "input_lens": [5, 5],
+            "top_logprobs": [[[[1, 0.0]], [[4, -0.70], [5, -0.75]]], [[[2, 0.0]], [[2, 0.0]]]]}
+    cand = {"tokens": [[1, 5], [2, 2]], "input_lens": [5, 5],
+            "top_logprobs": [[[[1, 0.0]], [[5, -0.69], [4, -0.72]]], [[[2, 0.0]], [[2, 0.0]]]]}
+    row = evaluate.compare_workload("LLM.mixed", base, cand, timings([1.0, 1.0], [1.0, 1.0]))
+    assert (row["matches"], row["near_ties"], row["mismatches"]) == (1, 1, 0)
+    assert row["logprobs"] == {"baseline": True, "candidate": True} and row["tie_nats"] == evaluate.DEFAULT_TIE_NATS
+    assert evaluate._match(row) == "1/2 +1 tie"
+    scenario = Scenario(model="sk-tiny/llama", dtype="float32", workloads=["LLM.mixed"])
+    result = {"scenario": scenario.model_dump(), "rows": [row], "correctness": "PASS",
+              "adapter": {"workers": 1, "replaced": [], "kernel_calls": {}, "fallbacks": {}},
+              "candidates_replaced": None, "self_test": True,
+              "environment": {"vllm": "0.32.0", "torch": "2.13", "device": "cpu"},
+              "settings": {"enforce_eager": True, "order": "ABBA"}}
+    console = Console(width=250, record=True)
+    evaluate.print_scenario(console, result)
+    text = console.export_text()
+    assert "1/2 +1 tie" in text and "correctness: PASS" in text
+    assert ("mixed: sequence 0 first differs at output position 1 (baseline token 4, candidate 5); gaps: baseline "
+            "0.050 nats, candidate 0.030 nats: near-tie") in text
+
+
 def test_rows_count_matches_and_pair_the_rounds():
     row = evaluate.compare_workload("LLM.mixed", greedy([[1, 2], [3, 4]]), greedy([[1, 2], [3, 5]]),
                                     timings([1.0, 1.0, 1.0], [0.8, 0.8, 0.8]))
@@ -51,7 +101,8 @@ def test_summary_tables_show_the_seed_columns_intervals_and_the_verdict():
     text = console.export_text()
     for expected in ("THROUGHPUT SUMMARY", "correctness: FAIL", "BASELINE tok/s", "MATCH", "1/2", "0.90x",
                      "95% CI", "[0.90, 0.90]", "candidate slower", "LATENCY SUMMARY", "BASELINE med", "0.5000s",
-                     "1.25x", "candidate faster", "mixed: first divergence at sequence 1, output position 1",
+                     "1.25x", "candidate faster", "mixed: sequence 1 first differs at output position 1",
+                     "outside the top log-probabilities: mismatch",
                      "paired A/B, order ABBA", "CPU timings"):
         assert expected in text, expected
 

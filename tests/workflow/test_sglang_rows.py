@@ -111,3 +111,49 @@ def test_the_plugin_entry_point_installs_the_capture_when_asked(monkeypatch):
     monkeypatch.setenv(settings.env_name("capture"), "0")
     sglang_plugin.register()
     assert installed == [True]
+
+
+class _FakeSglangEngine:
+    """sglang.Engine's generate as SGLang 0.5.17 answers it: per request output_ids and, asked for top
+    log-probabilities, meta_info["output_top_logprobs"] (per position (logprob, token id, text) triples)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, input_ids, sampling_params, **options):
+        self.calls.append(options)
+        top = [[(-0.1, 7, None), (-2.3, 9, None)], [(-0.5, 8, None), (-0.6, 3, None)]]
+        return [{"output_ids": [7, 8], "meta_info": {"output_top_logprobs": top} if options else {}}
+                for _ in input_ids]
+
+
+def test_sglang_match_asks_for_the_top_logprobs_and_reads_them():
+    from sk.workflow import engine_job, prompts
+
+    engine = engine_job.SglangEngine.__new__(engine_job.SglangEngine)
+    engine.engine = _FakeSglangEngine()
+    requests = [prompts.Request(prompt_token_ids=[1, 2, 3], max_tokens=2)]
+    tokens, top = engine.generate(requests, top_logprobs=5)
+    assert engine.engine.calls[-1] == {"return_logprob": True, "top_logprobs_num": 5}
+    assert tokens == [[7, 8]] and top == [[[[7, -0.1], [9, -2.3]], [[8, -0.5], [3, -0.6]]]]
+    tokens, top = engine.generate(requests)  # the timed batches ask for none
+    assert engine.engine.calls[-1] == {} and top is None
+
+
+def test_sglang_engine_generate_takes_the_logprob_options(tmp_path):
+    """The options the fake above is given are the real sglang.Engine.generate's (in SGLang's own venv)."""
+    import os
+    import pathlib
+    import subprocess
+
+    python = os.environ.get("SK_SGLANG_PYTHON")
+    if not python:
+        repo = pathlib.Path(__file__).resolve().parents[2]
+        done = subprocess.run(["bash", str(repo / "ci/envs/sglang.sh")], capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"the SGLang venv could not be built (ci/envs/sglang.sh):\n{done.stderr[-2000:]}")
+        python = str(pathlib.Path(done.stdout.strip().splitlines()[-1]) / "bin" / "python")
+    code = ("import inspect, sglang; p = inspect.signature(sglang.Engine.generate).parameters; "
+            "print('return_logprob' in p and 'top_logprobs_num' in p)")
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.stdout.strip().splitlines()[-1:] == ["True"], done.stdout + done.stderr
