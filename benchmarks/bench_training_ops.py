@@ -32,7 +32,8 @@ Peers are imported when present and skipped (logged) otherwise:
   width static; Inductor generates the backward too).
 
 `--sweep` first times our norm backward alone at the two largest sizes over its launch constants
-(`sk.ops.rms_norm.BACKWARD_PROGRAMS_PER_SM` x `BACKWARD_NUM_STAGES`; bench_training_ops_sweep.json/.md, ~1 min)
+(`sk.ops.rms_norm.BACKWARD_PROGRAMS_PER_SM` x `BACKWARD_NUM_STAGES` x `BACKWARD_TILE_ELEMENTS` x
+`BACKWARD_ELEMENTS_PER_WARP`, 32 configurations; bench_training_ops_sweep.json/.md, a few minutes)
 and runs the comparison with the fastest.
 
 Writes DIR/bench_training_ops.json and DIR/bench_training_ops.md (GPU, versions, date). Takes ~4-6 minutes on an
@@ -42,13 +43,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
+import itertools
 import json
 import pathlib
 import sys
 import traceback
 from typing import Callable
-
-import importlib
 
 import torch
 
@@ -300,12 +301,29 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+SWEEP_CONSTANTS = ("BACKWARD_PROGRAMS_PER_SM", "BACKWARD_NUM_STAGES", "BACKWARD_TILE_ELEMENTS",
+                   "BACKWARD_ELEMENTS_PER_WARP")
+# Each constant's alternatives; (1, 1, 2048, 512) is Liger-Kernel's launch at 4096 wide (a program per SM, 8 warps).
+SWEEP_VALUES = ((1, 2, 4, 8), (1, 2), (2048, 8192), (256, 512))
+
+
 def sweep(out_dir: pathlib.Path, log=print) -> dict:
     """Time our rms_norm / fused_add_rms_norm backward (alone: fixed saved inputs and cotangents) over the launch
-    constants at the two largest norm sizes; set the fastest (summed over the cases) and return the table."""
+    constants (SWEEP_CONSTANTS) at the two largest norm sizes; set the fastest (summed over the cases) and return
+    the table."""
     norm = importlib.import_module("sk.ops.rms_norm")
-    default = (norm.BACKWARD_PROGRAMS_PER_SM, norm.BACKWARD_NUM_STAGES)
-    configs = [(p, s) for p in (1, 2, 4, 8) for s in (1, 2)]
+
+    def apply(config):
+        for name, value in zip(SWEEP_CONSTANTS, config):
+            setattr(norm, name, value)
+
+    def label(config):
+        return ",".join(f"{name.removeprefix('BACKWARD_').lower()}={value}"
+                        for name, value in zip(SWEEP_CONSTANTS, config))
+
+    default = tuple(getattr(norm, name) for name in SWEEP_CONSTANTS)
+    configs = list(itertools.product(*SWEEP_VALUES))
+    by_label = {label(c): c for c in configs}
     results = []
     for m in NORM_ROWS[-2:]:
         n = NORM_WIDTH
@@ -313,11 +331,11 @@ def sweep(out_dir: pathlib.Path, log=print) -> dict:
         w = torch.ones(n, device="cuda", dtype=torch.bfloat16)
         for fused in (False, True):
             fns = {}
-            for p, s in configs:
-                def call(p=p, s=s, fused=fused):
-                    norm.BACKWARD_PROGRAMS_PER_SM, norm.BACKWARD_NUM_STAGES = p, s
+            for config in configs:
+                def call(config=config, fused=fused):
+                    apply(config)
                     return torch.ops.sk.rms_norm_backward(dy, x, w, dh if fused else None, EPS, 0.0, fused, True)
-                fns[f"programs_per_sm={p},stages={s}"] = call
+                fns[label(config)] = call
             # Each call sets its constants before launching: captured graphs keep each config's launch.
             times = side_by_side_us(fns, on_error=lambda name, e: log(f"  sweep {name}: {type(e).__name__}: {e}"))
             nbytes = (4 if fused else 3) * m * n * 2
@@ -325,23 +343,21 @@ def sweep(out_dir: pathlib.Path, log=print) -> dict:
                 results.append({"M": m, "N": n, "fused": fused, "config": name, "us": us,
                                 "TBps": nbytes / (us * 1e-6) / 1e12 if us else None})
                 log(f"  sweep M={m} fused={fused} {name}: {us if us is None else round(us, 2)} µs")
-    norm.BACKWARD_PROGRAMS_PER_SM, norm.BACKWARD_NUM_STAGES = default
     totals = {}
     for row in results:
         if row["us"] is not None:
             totals[row["config"]] = totals.get(row["config"], 0.0) + row["us"]
     best = min(totals, key=totals.get)
-    p, s = (int(part.split("=")[1]) for part in best.split(","))
-    norm.BACKWARD_PROGRAMS_PER_SM, norm.BACKWARD_NUM_STAGES = p, s
-    table = {"default": {"programs_per_sm": default[0], "stages": default[1]}, "best": best, "rows": results}
+    apply(by_label[best])
+    table = {"default": label(default), "best": best, "rows": results}
     (out_dir / "bench_training_ops_sweep.json").write_text(json.dumps(table, indent=2) + "\n")
     lines = ["| M | fused | config | µs | TB/s |", "|---|---|---|---|---|"]
     lines += [f"| {r['M']} | {r['fused']} | {r['config']} | {r['us'] or float('nan'):.1f} | "
               f"{r['TBps'] or float('nan'):.2f} |" for r in results]
     (out_dir / "bench_training_ops_sweep.md").write_text(
         f"Norm backward launch sweep (bytes: x, dy[, dh] read, dx written); best overall: {best}; the "
-        f"default is {default}.\n\n" + "\n".join(lines) + "\n")
-    log(f"sweep: best {best} (default programs_per_sm={default[0]}, stages={default[1]})")
+        f"default is {label(default)}.\n\n" + "\n".join(lines) + "\n")
+    log(f"sweep: best {best} (default {label(default)})")
     return table
 
 

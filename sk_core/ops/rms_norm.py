@@ -141,9 +141,13 @@ def _launch(x2, w, y2, eps, weight_offset, res2=None, res_out2=None) -> None:
 # latency); its weight-gradient partial rows are P x N fp32, written and read once: ~1% of the traffic at
 # 32768 x 4096 bf16.
 BACKWARD_PROGRAMS_PER_SM = 4
-# Software-pipelining depth of the backward's row loop (1: none). Both are module constants so that
-# benchmarks/bench_training_ops.py --sweep can time the alternatives on a GPU.
+# Software-pipelining depth of the backward's row loop (1: none).
 BACKWARD_NUM_STAGES = 1
+# A backward tile holds max(1, BACKWARD_TILE_ELEMENTS // BLOCK_N) rows, one warp per BACKWARD_ELEMENTS_PER_WARP
+# of its elements. These four are module constants so that benchmarks/bench_training_ops.py --sweep can time
+# the alternatives on a GPU (results/h200/ops/README.md: the backward is below its bandwidth target).
+BACKWARD_TILE_ELEMENTS = 2048
+BACKWARD_ELEMENTS_PER_WARP = 256
 # Under Triton's interpreter (CPU tests) a fixed count: several programs, so the partial-row sum is exercised.
 INTERPRETED_PROGRAMS = 3
 
@@ -163,8 +167,8 @@ def _backward_programs(n_tiles: int, device: torch.device) -> int:
 def _backward_launch_config(n_cols: int) -> tuple[int, int, int]:
     """(ROWS, BLOCK_N, num_warps): a whole row in registers as in the forward; narrow rows share a tile."""
     block_n = triton.next_power_of_2(n_cols)
-    rows = max(1, min(16, 2048 // block_n))
-    num_warps = min(32, max(1, rows * block_n // 256))
+    rows = max(1, min(16, BACKWARD_TILE_ELEMENTS // block_n))
+    num_warps = min(32, max(1, rows * block_n // BACKWARD_ELEMENTS_PER_WARP))
     return rows, block_n, num_warps
 
 
