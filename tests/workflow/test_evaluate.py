@@ -16,6 +16,19 @@ def timings(baseline_s, candidate_s, output_tokens=4):
             "candidate": [{"elapsed_s": t, "output_tokens": output_tokens} for t in candidate_s]}
 
 
+def printed(rows, correctness, self_test=False, replaced=()):
+    """What `sk eval` prints for one scenario of these rows (an adapter run on the CPU engine)."""
+    scenario = Scenario(model="sk-tiny/llama", dtype="float32", workloads=[r["workload"] for r in rows])
+    result = {"scenario": scenario.model_dump(), "rows": rows, "correctness": correctness,
+              "adapter": {"workers": 1, "replaced": list(replaced), "kernel_calls": {}, "fallbacks": {}},
+              "candidates_replaced": None, "self_test": self_test,
+              "environment": {"vllm": "0.32.0", "torch": "2.13", "device": "cpu"},
+              "settings": {"enforce_eager": True, "order": "ABBA"}}
+    console = Console(width=250, record=True)
+    evaluate.print_scenario(console, result)
+    return console.export_text()
+
+
 def test_first_divergence_names_sequence_position_and_tokens():
     assert evaluate.first_divergence([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 6]]) is None
     assert evaluate.first_divergence([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 7, 6]]) == {
@@ -59,15 +72,7 @@ def test_near_ties_pass_and_show_in_the_match_column():
     assert (row["matches"], row["near_ties"], row["mismatches"]) == (1, 1, 0)
     assert row["logprobs"] == {"baseline": True, "candidate": True} and row["tie_nats"] == evaluate.DEFAULT_TIE_NATS
     assert evaluate._match(row) == "1/2 +1 tie"
-    scenario = Scenario(model="sk-tiny/llama", dtype="float32", workloads=["LLM.mixed"])
-    result = {"scenario": scenario.model_dump(), "rows": [row], "correctness": "PASS",
-              "adapter": {"workers": 1, "replaced": [], "kernel_calls": {}, "fallbacks": {}},
-              "candidates_replaced": None, "self_test": True,
-              "environment": {"vllm": "0.32.0", "torch": "2.13", "device": "cpu"},
-              "settings": {"enforce_eager": True, "order": "ABBA"}}
-    console = Console(width=250, record=True)
-    evaluate.print_scenario(console, result)
-    text = console.export_text()
+    text = printed([row], "PASS", self_test=True)
     assert "1/2 +1 tie" in text and "correctness: PASS" in text
     assert ("mixed: sequence 0 first differs at output position 1 (baseline token 4, candidate 5); gaps: baseline "
             "0.050 nats, candidate 0.030 nats: near-tie") in text
@@ -86,19 +91,11 @@ def test_rows_count_matches_and_pair_the_rounds():
 
 
 def test_summary_tables_show_the_seed_columns_intervals_and_the_verdict():
-    scenario = Scenario(model="sk-tiny/llama", dtype="float32", workloads=["LLM.mixed", "LLM.single_request"])
     rows = [evaluate.compare_workload("LLM.mixed", greedy([[1, 2], [3, 4]]), greedy([[1, 2], [3, 5]]),
                                       timings([0.9, 0.9], [1.0, 1.0])),
             evaluate.compare_workload("LLM.single_request", greedy([[1, 2, 3]]), greedy([[1, 2, 3]]),
                                       timings([0.5, 0.5], [0.4, 0.4]))]
-    result = {"scenario": scenario.model_dump(), "rows": rows, "correctness": "FAIL",
-              "adapter": {"workers": 1, "replaced": ["SiluAndMul"], "kernel_calls": {}, "fallbacks": {}},
-              "candidates_replaced": None, "self_test": False,
-              "environment": {"vllm": "0.32.0", "torch": "2.13", "device": "cpu"},
-              "settings": {"enforce_eager": True, "order": "ABBA"}}
-    console = Console(width=250, record=True)
-    evaluate.print_scenario(console, result)
-    text = console.export_text()
+    text = printed(rows, "FAIL", replaced=["SiluAndMul"])
     for expected in ("THROUGHPUT SUMMARY", "correctness: FAIL", "BASELINE tok/s", "MATCH", "1/2", "0.90x",
                      "95% CI", "[0.90, 0.90]", "candidate slower", "LATENCY SUMMARY", "BASELINE med", "0.5000s",
                      "1.25x", "candidate faster", "mixed: sequence 1 first differs at output position 1",
