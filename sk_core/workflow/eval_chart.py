@@ -25,7 +25,8 @@ def write_chart(document: dict, path: Path) -> Path | None:
         ax.bar([x - 0.2 for x in xs], [r[base_key] for _, r in selected], 0.4, label="baseline (stock)")
         ax.bar([x + 0.2 for x in xs], [r[cand_key] for _, r in selected], 0.4, label="candidate (standardkernels)")
         labels = [f"{model}\n{r['name']}\n{r['speedup']:.2f}x [{r['interval'][0]:.2f}, {r['interval'][1]:.2f}]\n"
-                  f"{r['matches']}/{r['sequences']} match" for model, r in selected]
+                  f"{r['matches']}/{r['sequences']} match"
+                  + (f" +{r['near_ties']} near-tie" if r.get("near_ties") else "") for model, r in selected]
         ax.set_xticks(list(xs), labels, fontsize=8)
         ax.set_ylabel(ylabel)
         ax.set_title(purpose)

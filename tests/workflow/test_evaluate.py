@@ -109,3 +109,15 @@ def test_a_self_test_with_a_candidate_folder_is_refused(tmp_path):
                                             "candidate folder; got --candidates"):
         evaluate.check_self_test(True, tmp_path)
     evaluate.check_self_test(True, None)
+
+
+def test_the_chart_is_drawn_for_rows_with_near_ties(tmp_path):
+    pytest.importorskip("matplotlib")
+    from sk.workflow import eval_chart
+
+    row = {"purpose": "latency", "name": "decode-batch-8", "speedup": 1.02, "interval": [0.98, 1.06], "matches": 7,
+           "sequences": 8, "near_ties": 1, "baseline_median_s": 0.2, "candidate_median_s": 0.19}
+    document = {"scenarios": [{"scenario": {"model": "sk-tiny/llama"}, "rows": [row, row | {"near_ties": 0}]}],
+                "scenario_file": "tiny.yaml", "date": "2026-12-02"}
+    path = eval_chart.write_chart(document, tmp_path / "tiny.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
