@@ -34,6 +34,8 @@ DEFAULT_MEM_FRACTION_STATIC = 0.8
 TRACE_WAIT_S = 120
 # Log-probabilities kept per generated position in MATCH: enough to rank both engines' tokens at a divergence.
 MATCH_TOP_LOGPROBS = 5
+# An engine that has just returned a batch may still be retiring it: how long a prefix-cache reset is retried.
+RESET_TRIES, RESET_PAUSE_S = 100, 0.1
 _DEVNULL = open(os.devnull, "w")
 
 
@@ -51,6 +53,15 @@ class _ProgressToParent(tqdm):
     def update(self, n=1):
         emit("requests_done", n=n)
         return super().update(n)
+
+
+def _until_done(attempt, what: str) -> None:
+    for _ in range(RESET_TRIES):
+        if attempt():
+            return
+        time.sleep(RESET_PAUSE_S)
+    raise RuntimeError(f"{what} did not succeed within {RESET_TRIES * RESET_PAUSE_S:.0f} s: the engine still holds "
+                       "requests after its batch returned")
 
 
 def truncated_model_args(scenario: Scenario, max_layers: int | None) -> dict:
@@ -137,6 +148,9 @@ class VllmEngine:
         return tokens, [[[[t, lp.logprob] for t, lp in (position or {}).items()] for position in o.outputs[0].logprobs]
                         for o in outputs]
 
+    def reset_prefix_cache(self) -> None:
+        _until_done(self.llm.reset_prefix_cache, "vLLM's reset_prefix_cache()")
+
     def rank0(self, method: str):
         # Rank 0's answer: with tensor parallelism every rank runs the same operators on its shard.
         return self.llm.collective_rpc(method)[0]
@@ -221,6 +235,9 @@ class SglangEngine:
         # SGLang's meta_info: per position a list of (logprob, token id, text) triples, or None.
         return tokens, [[[[t, lp] for lp, t, *_ in (position or [])]
                          for position in o["meta_info"]["output_top_logprobs"]] for o in outputs]
+
+    def reset_prefix_cache(self) -> None:
+        _until_done(lambda: self.engine.flush_cache().success, "SGLang's flush_cache()")
 
     def _states(self) -> list[dict]:
         # Each scheduler's internal state; asking makes our adapter write each scheduler's report.
@@ -310,8 +327,10 @@ class Server:
         return {"input_lens": [len(r.prompt_token_ids) for r in requests], "tokens": tokens, "top_logprobs": top}
 
     def batch(self, workload: str) -> dict:
-        """One timed batch of the workload's requests."""
+        """One timed batch of the workload's requests, its prompts computed afresh (every batch repeats the same
+        prompts, which the engine's prefix cache would otherwise serve without their prefill)."""
         requests = self.requests(workload)
+        self.engine.reset_prefix_cache()
         start = time.perf_counter()
         tokens, _ = self.engine.generate(requests, progress=True)
         return {"elapsed_s": time.perf_counter() - start, "output_tokens": sum(len(t) for t in tokens)}
@@ -332,6 +351,7 @@ class Server:
             self.engine.generate(requests)
             return steps
 
+        self.engine.reset_prefix_cache()  # the warm-up batch left these prompts cached
         return self.engine.profile(run)
 
     def info(self) -> dict:

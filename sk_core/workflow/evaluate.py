@@ -5,7 +5,8 @@ its memory each; only the candidate's switch differs: SK_ADAPTERS=vllm|sglang (o
 engine's layers in every engine process), or with `--candidates DIR` the user's candidate modules
 (sk.workflow.candidate_worker replaces the layers they are named after); `--self-test` runs the stock engine
 as both. Per workload, after a warm-up batch each, the timed batches alternate A B B A ... over `rounds`
-rounds, and sk.workflow.paired turns them into a median ratio with its 95% bootstrap interval and a verdict.
+rounds (each from an empty prefix cache: every batch repeats the workload's prompts), and sk.workflow.paired
+turns them into a median ratio with its 95% bootstrap interval and a verdict.
 Greedy decoding with a fixed number of tokens per request makes the token comparison exact: MATCH (a separate
 untimed batch) counts sequences whose token ids agree entirely. A sequence that differs is judged at its first
 differing position only (after it the two continue from different text): it is a near-tie when each engine

@@ -1,10 +1,11 @@
 """`sk profile SCENARIO.yaml`: where a step's time goes, per workload, in the engine's model process.
 
-Each scenario row's engine runs alone (stock unless `--sk`), and for each workload one warm-up batch, then one
-batch under torch.profiler inside the process that runs the model (vLLM: the worker, through
-sk.workflow.profile_worker; SGLang: the scheduler, through its own profiler). The device's kernels are
-classified by name (sk.workflow.kernel_profile): GPU time and share per class, the sum of idle gaps between
-kernels, kernels per engine step. Writes JSON and a stacked-bar PNG beside it.
+Each scenario row's engine runs alone (stock unless `--sk`), and for each workload one warm-up batch, then,
+from an empty prefix cache (the warm-up's prompts are the profiled ones), one batch under torch.profiler inside
+the process that runs the model (vLLM: the worker, through sk.workflow.profile_worker; SGLang: the scheduler,
+through its own profiler). The device's kernels are classified by name (sk.workflow.kernel_profile): GPU time
+and share per class, the sum of idle gaps between kernels, kernels per engine step. Writes JSON and a
+stacked-bar PNG beside it.
 """
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
 """How an engine job names its model: sk-tiny models are written at the requested depth; any other checkpoint
 (sk-trained ones: the committed directory) runs truncated on vLLM's dummy weights (it cannot load into fewer
-layers)."""
+layers). How it times a batch: the prefix cache is emptied first, so a repeated prompt's prefill is timed."""
 import json
 from pathlib import Path
 
 import pytest
 
+from sk.workflow import engine_job, prompts
 from sk.workflow.engine_job import truncated_model_args
 from sk.workflow.scenarios import Scenario
 
@@ -36,3 +37,74 @@ def test_a_trained_model_is_its_committed_directory():
     assert truncated_model_args(scenario("sk-trained/gemma"), None) == {"model": trained}
     assert truncated_model_args(scenario("sk-trained/gemma"), 2) == {
         "model": trained, "hf_overrides": {"num_hidden_layers": 2}, "load_format": "dummy"}
+
+
+class _RecordingEngine:
+    """An engine that logs what the job asks of it, in order."""
+
+    def __init__(self):
+        self.log = []
+
+    def tokenizer(self):
+        return None
+
+    def reset_prefix_cache(self):
+        self.log.append("reset")
+
+    def generate(self, requests, progress=False, top_logprobs=0):
+        self.log.append("generate")
+        return [[1] * r.max_tokens for r in requests], None
+
+    def profile(self, run):
+        self.log.append("profile")
+        run()
+        return {}
+
+
+@pytest.fixture
+def server(monkeypatch):
+    monkeypatch.setattr(engine_job, "workload_requests",
+                        lambda engine, token, max_requests: [prompts.Request([1, 2, 3], 4)])
+    return engine_job.Server(_RecordingEngine(), {"max_requests": None})
+
+
+def test_each_timed_batch_starts_from_an_empty_prefix_cache(server):
+    assert server.batch("LLM.decode_batch_1")["output_tokens"] == 4
+    server.batch("LLM.decode_batch_1")
+    assert server.engine.log == ["reset", "generate", "reset", "generate"]
+
+
+def test_the_profiled_batch_starts_from_an_empty_prefix_cache(server):
+    server.batch("LLM.decode_batch_1")  # the warm-up
+    server.profile("LLM.decode_batch_1")
+    assert server.engine.log == ["reset", "generate", "reset", "profile", "generate"]
+
+
+class _Flushing:
+    """sglang.Engine.flush_cache as 0.5.17 answers it: not done while the scheduler still holds a request."""
+
+    def __init__(self, busy_answers):
+        self.busy_answers, self.calls = busy_answers, 0
+
+    def flush_cache(self):
+        from types import SimpleNamespace
+
+        self.calls += 1
+        return SimpleNamespace(success=self.calls > self.busy_answers, message="")
+
+
+def test_a_reset_refused_while_the_engine_retires_its_batch_is_retried(monkeypatch):
+    monkeypatch.setattr(engine_job, "RESET_PAUSE_S", 0.0)
+    engine = engine_job.SglangEngine.__new__(engine_job.SglangEngine)
+    engine.engine = _Flushing(busy_answers=3)
+    engine.reset_prefix_cache()
+    assert engine.engine.calls == 4
+
+
+def test_a_reset_never_done_is_an_error_naming_the_call(monkeypatch):
+    monkeypatch.setattr(engine_job, "RESET_PAUSE_S", 0.0)
+    engine = engine_job.SglangEngine.__new__(engine_job.SglangEngine)
+    engine.engine = _Flushing(busy_answers=10**6)
+    with pytest.raises(RuntimeError, match=r"SGLang's flush_cache\(\) did not succeed .* still holds requests"):
+        engine.reset_prefix_cache()
+    assert engine.engine.calls == engine_job.RESET_TRIES

@@ -141,7 +141,8 @@ def test_sglang_match_asks_for_the_top_logprobs_and_reads_them():
 
 
 def test_sglang_engine_generate_takes_the_logprob_options(tmp_path):
-    """The options the fake above is given are the real sglang.Engine.generate's (in SGLang's own venv)."""
+    """The options the fake above is given are the real sglang.Engine.generate's, and flush_cache answers with a
+    success flag (in SGLang's own venv)."""
     import os
     import pathlib
     import subprocess
@@ -153,7 +154,9 @@ def test_sglang_engine_generate_takes_the_logprob_options(tmp_path):
         if done.returncode:
             pytest.skip(f"the SGLang venv could not be built (ci/envs/sglang.sh):\n{done.stderr[-2000:]}")
         python = str(pathlib.Path(done.stdout.strip().splitlines()[-1]) / "bin" / "python")
-    code = ("import inspect, sglang; p = inspect.signature(sglang.Engine.generate).parameters; "
-            "print('return_logprob' in p and 'top_logprobs_num' in p)")
+    code = ("import inspect, sglang; from sglang.srt.managers.io_struct import FlushCacheReqOutput as F; "
+            "p = inspect.signature(sglang.Engine.generate).parameters; "
+            "print('return_logprob' in p and 'top_logprobs_num' in p and callable(sglang.Engine.flush_cache) "
+            "and 'success' in F.__annotations__)")
     done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.stdout.strip().splitlines()[-1:] == ["True"], done.stdout + done.stderr
