@@ -137,17 +137,16 @@ def _launch(x2, w, y2, eps, weight_offset, res2=None, res_out2=None) -> None:
     )
 
 
-# The backward's persistent grid: this many programs per SM (a few in flight per SM hide the row reductions'
-# latency); its weight-gradient partial rows are P x N fp32, written and read once: ~1% of the traffic at
-# 32768 x 4096 bf16.
-BACKWARD_PROGRAMS_PER_SM = 4
-# Software-pipelining depth of the backward's row loop (1: none).
-BACKWARD_NUM_STAGES = 1
-# A backward tile holds max(1, BACKWARD_TILE_ELEMENTS // BLOCK_N) rows, one warp per BACKWARD_ELEMENTS_PER_WARP
-# of its elements. These four are module constants so that benchmarks/bench_training_ops.py --sweep can time
-# the alternatives on a GPU (results/h200/ops/README.md: the backward is below its bandwidth target).
+# The backward's launch: a persistent grid of BACKWARD_PROGRAMS_PER_SM programs per SM, its row loop
+# software-pipelined BACKWARD_NUM_STAGES deep (the next tile's loads issued early); a tile holds
+# max(1, BACKWARD_TILE_ELEMENTS // BLOCK_N) rows, one warp per BACKWARD_ELEMENTS_PER_WARP of its elements. The
+# fastest of the 32 launches `benchmarks/bench_training_ops.py --sweep` timed on an H200 at 16384 and 32768 x 4096
+# (results/h200/ops/README.md, 2026-12-03: 1.7-2.1x the launch before). The weight-gradient partial rows are
+# P x N fp32, written and read once: < 1% of the traffic at 32768 x 4096 bf16.
+BACKWARD_PROGRAMS_PER_SM = 2
+BACKWARD_NUM_STAGES = 2
 BACKWARD_TILE_ELEMENTS = 2048
-BACKWARD_ELEMENTS_PER_WARP = 256
+BACKWARD_ELEMENTS_PER_WARP = 512
 # Under Triton's interpreter (CPU tests) a fixed count: several programs, so the partial-row sum is exercised.
 INTERPRETED_PROGRAMS = 3
 
