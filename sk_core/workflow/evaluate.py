@@ -9,10 +9,11 @@ rounds (each from an empty prefix cache: every batch repeats the workload's prom
 turns them into a median ratio with its 95% bootstrap interval and a verdict.
 Greedy decoding with a fixed number of tokens per request makes the token comparison exact: MATCH (a separate
 untimed batch) counts sequences whose token ids agree entirely. A sequence that differs is judged at its first
-differing position only (after it the two continue from different text): it is a near-tie when each engine
-ranks both tokens within `tie_nats` of each other by its own log-probabilities (two greedy engines that round
-differently pick different tokens only there; stock vLLM against itself does, results/h200/engines/README.md),
-else a mismatch. Correctness is PASS when no workload has a mismatch.
+differing position only (after it the two continue from different text): it is a near-tie when both engines
+hold both tokens among their top log-probabilities and disagree on the two tokens' log-probability difference by
+at most `tie_nats` (two greedy engines that round differently pick different tokens only there; stock vLLM
+against itself does, results/h200/engines/README.md), else a mismatch. Correctness is PASS when no workload has
+a mismatch.
 """
 from __future__ import annotations
 
@@ -35,11 +36,12 @@ from sk.workflow.eval_chart import write_chart
 from sk.workflow.operators import OPERATORS
 from sk.workflow.workloads import Purpose, resolve
 
-SCHEMA = "standardkernels.eval/3"
-# A near-tie's largest log-probability gap, in nats: two rounding steps of a bf16 logit in [8, 16) (2^-4 each),
-# the logit scale of the project's random models (sk.models); a kernel that computes wrong numbers moves a
-# greedy token where the engines' top two are further apart.
-DEFAULT_TIE_NATS = 0.125
+SCHEMA = "standardkernels.eval/4"
+# A near-tie's largest disagreement, in nats: four bf16 steps of a logit in [32, 64) (0.25 each). Two stock vLLM
+# engines on the H200 disagreed by 0.25-0.75 at every one of their 46 divergences (results/h200/engines/README.md,
+# 2026-12-03); a kernel that computes wrong numbers moves a greedy token where the engines' top two are further
+# apart, or outside the other's top five.
+DEFAULT_TIE_NATS = 1.0
 
 
 def first_divergence(baseline: list[list[int]], candidate: list[list[int]]) -> dict | None:
@@ -61,12 +63,19 @@ def _logprob(top: list | None, seq: int, position: int, token: int | None) -> fl
         return None
 
 
+def disagreement(baseline_gap: float | None, candidate_gap: float | None) -> float | None:
+    """How far two engines disagree on log p(a) − log p(b) at a divergence, a the baseline's token and b the
+    candidate's: the baseline's gap log p_B(a) − log p_B(b) plus the candidate's log p_C(b) − log p_C(a)
+    (each ≥ 0 for a greedy pick). None where a token is outside an engine's top log-probabilities."""
+    return None if baseline_gap is None or candidate_gap is None else baseline_gap + candidate_gap
+
+
 def judge_divergences(baseline: dict, candidate: dict, tie_nats: float) -> dict:
     """Each differing sequence judged at its first differing position: a near-tie when both engines' top
-    log-probabilities hold both tokens within `tie_nats` of each other, else a mismatch (also where a sequence
-    is shorter, or where an engine returned no log-probabilities). {"near_ties", "mismatches", "divergences":
-    per differing sequence its position, tokens, both gaps (nats, None where a token is outside the top ones)
-    and its kind}."""
+    log-probabilities hold both tokens and their `disagreement` is at most `tie_nats`, else a mismatch (also
+    where a sequence is shorter, or where an engine returned no log-probabilities). {"near_ties", "mismatches",
+    "divergences": per differing sequence its position, tokens, both gaps and their disagreement (nats, None
+    where a token is outside the top ones) and its kind}."""
     divergences = []
     for seq, (b, c) in enumerate(zip(baseline["tokens"], candidate["tokens"])):
         if b == c:
@@ -79,10 +88,11 @@ def judge_divergences(baseline: dict, candidate: dict, tie_nats: float) -> dict:
                                 (candidate.get("top_logprobs"), c_token, b_token)):
             mine, theirs = _logprob(top, seq, position, own), _logprob(top, seq, position, other)
             gaps.append(None if mine is None or theirs is None else mine - theirs)
-        near_tie = None not in (b_token, c_token) and all(g is not None and abs(g) <= tie_nats for g in gaps)
+        apart = disagreement(*gaps)
+        near_tie = None not in (b_token, c_token) and apart is not None and abs(apart) <= tie_nats
         divergences.append({"sequence": seq, "position": position, "baseline_token": b_token,
                             "candidate_token": c_token, "baseline_gap_nats": gaps[0], "candidate_gap_nats": gaps[1],
-                            "kind": "near-tie" if near_tie else "mismatch"})
+                            "disagreement_nats": apart, "kind": "near-tie" if near_tie else "mismatch"})
     near_ties = sum(d["kind"] == "near-tie" for d in divergences)
     return {"near_ties": near_ties, "mismatches": len(divergences) - near_ties, "divergences": divergences}
 
@@ -163,7 +173,8 @@ def _gaps(d: dict) -> str:
 
     def gap(value):
         return "outside the top log-probabilities" if value is None else f"{value:.3f} nats"
-    return f"; gaps: baseline {gap(d['baseline_gap_nats'])}, candidate {gap(d['candidate_gap_nats'])}"
+    total = "" if d.get("disagreement_nats") is None else f" (disagreement {d['disagreement_nats']:.3f})"
+    return f"; gaps: baseline {gap(d['baseline_gap_nats'])}, candidate {gap(d['candidate_gap_nats'])}{total}"
 
 
 def throughput_table(scenario: scenarios.Scenario, rows: list[dict], verdict: str) -> Table:

@@ -1,4 +1,7 @@
 """The eval's comparison and tables, on engine results written here."""
+import json
+from pathlib import Path
+
 import pytest
 from rich.console import Console
 
@@ -63,6 +66,28 @@ def test_a_divergence_at_a_near_tie_is_told_from_a_mismatch():
     assert short[0]["position"] == 2 and short[0]["candidate_token"] is None and short[0]["kind"] == "mismatch"
 
 
+def test_a_near_tie_is_judged_by_the_engines_disagreement_not_by_each_gap():
+    # Each engine prefers its own token by 0.08 nats: each gap is within 0.125, but the engines disagree on
+    # log p(4) - log p(5) by 0.16 nats (+0.08 against -0.08).
+    base = {"tokens": [[4]], "top_logprobs": [[[[4, -0.70], [5, -0.78]]]]}
+    cand = {"tokens": [[5]], "top_logprobs": [[[[5, -0.70], [4, -0.78]]]]}
+    (judged,) = evaluate.judge_divergences(base, cand, tie_nats=0.125)["divergences"]
+    assert judged["disagreement_nats"] == pytest.approx(0.16) and judged["kind"] == "mismatch"
+    assert evaluate.judge_divergences(base, cand, tie_nats=0.16 + 1e-9)["near_ties"] == 1
+    assert evaluate.disagreement(0.25, None) is None and evaluate.disagreement(0.25, 0.5) == 0.75
+
+
+def test_the_default_tolerance_covers_stock_against_stock_on_the_h200():
+    """The committed self-test (two stock vLLM engines, Llama-3-8B shapes, H200) is the default's evidence:
+    every divergence it saw is a near-tie at the default, by a margin of at least one bf16 step (0.25)."""
+    path = (Path(__file__).resolve().parents[2] / "results/h200/engines/2026-12-03/selftest-llama3-8b-vllm"
+            / "h200-llama3-8b-vllm.json")
+    divergences = [d for row in json.loads(path.read_text())["scenarios"][0]["rows"] for d in row["divergences"]]
+    apart = [evaluate.disagreement(d["baseline_gap_nats"], d["candidate_gap_nats"]) for d in divergences]
+    assert len(apart) == 46 and None not in apart
+    assert max(apart) + 0.25 <= evaluate.DEFAULT_TIE_NATS + 1e-6
+
+
 def test_near_ties_pass_and_show_in_the_match_column():
     base = {"tokens": [[1, 4], [2, 2]], "input_lens": [5, 5],
             "top_logprobs": [[[[1, 0.0]], [[4, -0.70], [5, -0.75]]], [[[2, 0.0]], [[2, 0.0]]]]}
@@ -75,7 +100,7 @@ def test_near_ties_pass_and_show_in_the_match_column():
     text = printed([row], "PASS", self_test=True)
     assert "1/2 +1 tie" in text and "correctness: PASS" in text
     assert ("mixed: sequence 0 first differs at output position 1 (baseline token 4, candidate 5); gaps: baseline "
-            "0.050 nats, candidate 0.030 nats: near-tie") in text
+            "0.050 nats, candidate 0.030 nats (disagreement 0.080): near-tie") in text
 
 
 def test_rows_count_matches_and_pair_the_rounds():
