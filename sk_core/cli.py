@@ -141,7 +141,8 @@ def cmd_eval(args) -> int:
     passed = evaluate.run(args.scenario, Path(args.out), enforce_eager=args.enforce_eager, max_layers=args.max_layers,
                           max_requests=args.max_requests, candidates=args.candidates, console=console,
                           rounds=args.rounds, self_test=args.self_test, workloads=_tokens(args.workloads),
-                          tie_nats=evaluate.DEFAULT_TIE_NATS if args.tie_nats is None else args.tie_nats)
+                          tie_nats=evaluate.DEFAULT_TIE_NATS if args.tie_nats is None else args.tie_nats,
+                          crossed=args.crossed)
     return 0 if passed else 1
 
 
@@ -248,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     _workloads_option(evaluate)
     evaluate.add_argument("--self-test", action="store_true",
                           help="the stock engine as both baseline and candidate: every interval should hold 1.00")
+    evaluate.add_argument("--crossed", action="store_true",
+                          help="run the pair twice, started baseline first and then candidate first, the rounds "
+                               "split between the two and pooled: a difference between the engine started first "
+                               "and the one started second cancels instead of counting for a variant")
     evaluate.add_argument("--tie-nats", type=non_negative_float, default=None, metavar="NATS",
                           help="a sequence that first differs where both engines hold both tokens in their top 5 "
                                "and disagree on the two tokens' log-probability difference by at most NATS is a "

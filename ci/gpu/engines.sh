@@ -20,7 +20,10 @@
 #   selftest-MODEL-ENGINE   sk eval --self-test on h200-MODEL-ENGINE.yaml (in scenarios/): stock against stock
 #   pair-MODEL-ENGINE       sk eval on it: stock against our adapter, paired (e.g. pair-llama3-8b-sglang)
 #   profile-MODEL-ENGINE    sk profile on it, stock: decode batch 1, 8, 64 and the 1024/128 throughput batch
-#                           ($SK_EVAL_WORKLOADS, comma-separated, replaces the workloads of selftest- and pair-)
+#                           ($SK_EVAL_WORKLOADS, comma-separated, replaces the workloads of selftest- and pair-;
+#                           SK_EVAL_CROSSED=1 adds --crossed: both start orders, the rounds pooled)
+# selftest-, pair- and profile- steps also log the GPU's SM clock and power every 200 ms (nvidia-smi) into
+# gpu_clocks.csv, to line up with the batches' start times in the JSON.
 # A step writes everything into /tmp/sk-gpu/STEP and leaves in OUTDIR one archive of it, STEP.tgz (the device
 # tool brings back at most 8 files a call).
 set -uo pipefail
@@ -40,7 +43,16 @@ step=${1:?usage: engines.sh install | STEP OUTDIR}
 if [ "$step" = install ]; then
   bash .gpu-flat/install.sh >/dev/null || exit 1
   python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "installing the checkout failed"; exit 1; }
-  python3 -c 'import vllm, sglang, lm_eval, torch; print("vllm", vllm.__version__, "sglang", sglang.__version__, "torch", torch.__version__, "gpus", torch.cuda.device_count())'
+  # What was staged: vLLM and SGLang each with stage.sh, lm-eval (the gate steps) with accuracy_gate.sh stage.
+  python3 - <<'PY'
+import importlib, torch
+for name in ("vllm", "sglang", "lm_eval"):
+    try:
+        print(name, getattr(importlib.import_module(name), "__version__", "?"))
+    except Exception as e:
+        print(name, "not staged:", type(e).__name__)
+print("torch", torch.__version__, "gpus", torch.cuda.device_count())
+PY
   exit
 fi
 
@@ -67,7 +79,8 @@ case $step in
           scenario=$PWD/scenarios/h200-${step#*-}.yaml
           command=(python3 -m sk.cli eval "$scenario" --out "$work"
                    ${SK_EVAL_WORKLOADS:+--workloads "$SK_EVAL_WORKLOADS"})
-          [ "${step%%-*}" = selftest ] && command+=(--self-test) ;;
+          [ "${step%%-*}" = selftest ] && command+=(--self-test)
+          [ "${SK_EVAL_CROSSED:-0}" = 1 ] && command+=(--crossed) ;;
   profile-*)
           command=(python3 -m sk.cli profile "$PWD/scenarios/h200-${step#profile-}.yaml" --out "$work"
                    --workloads LLM.decode_batch_1,LLM.decode_batch_8,LLM.decode_batch_64,LLM.throughput) ;;
@@ -75,8 +88,16 @@ case $step in
 esac
 # Stopped in time for the archive to be written within the device tool's 10 minutes.
 started=$SECONDS
+sampler=
+case $step in selftest-*|pair-*|profile-*)
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+      --format=csv -lms 200 > "$work/gpu_clocks.csv" 2>/dev/null & sampler=$!
+  fi ;;
+esac
 timeout -k 15 "${SK_STEP_TIMEOUT:-540}" "${command[@]}" > "$work/$step.log" 2>&1
 status=$?
+[ -n "$sampler" ] && kill "$sampler" 2>/dev/null
 echo "== $step: exit $status after $((SECONDS - started)) s" | tee -a "$work/$step.log"
 cat "$work"/*.md 2>/dev/null || tail -n 40 "$work/$step.log"
 tar czf "$out/$step.tgz" -C /tmp/sk-gpu "$step"

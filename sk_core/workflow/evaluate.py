@@ -241,7 +241,10 @@ def print_scenario(console: Console, result: dict) -> None:
     engine = f"SGLang {env['sglang']}" if env.get("engine") == "sglang" else f"vLLM {env['vllm']}"
     console.print(f"[dim]{engine}, torch {env['torch']}, {env['device']}; "
                   f"{'eager' if result['settings']['enforce_eager'] else 'engine default compilation'}; "
-                  f"paired A/B, order {result['settings'].get('order', 'ABBA')}, 95% bootstrap intervals over rounds")
+                  f"paired A/B, order {result['settings'].get('order', 'ABBA')}"
+                  + (", started " + " then ".join(result["settings"]["start_orders"])
+                     if len(result["settings"].get("start_orders", [])) > 1 else "")
+                  + ", 95% bootstrap intervals over rounds")
     if env["device"] == "cpu":
         console.print("[yellow]CPU engine: tok/s, latencies and intervals are CPU timings of a small model (and "
                       "noisy on a shared machine); the MATCH columns are what this run proves.")
@@ -262,64 +265,118 @@ def check_self_test(self_test: bool, candidates: Path | None) -> None:
                             f"got --candidates {candidates} (drop one of the two)")
 
 
-def evaluate_scenario(scenario: scenarios.Scenario, *, out_dir: Path, stem: str, rounds: int, self_test: bool,
-                      candidates: Path | None, run_settings: dict, tie_nats: float = DEFAULT_TIE_NATS) -> dict:
-    """Both engines side by side, MATCH then the paired timed rounds per workload; the scenario's result."""
+def check_crossed(crossed: bool, rounds: int) -> None:
+    if crossed and rounds < 2:
+        raise WorkflowError(f"--crossed splits --rounds between the two start orders and needs 2 or more; got "
+                            f"--rounds {rounds}")
+
+
+def start_orders(crossed: bool, rounds: int) -> list[tuple[tuple[str, str], int]]:
+    """The engines' start orders and the rounds each gets: baseline first (all rounds), or with `crossed` also
+    candidate first, the rounds split between the two (the first gets the odd one)."""
+    first = (paired.BASELINE, paired.CANDIDATE)
+    if not crossed:
+        return [(first, rounds)]
+    return [(first, (rounds + 1) // 2), (first[::-1], rounds // 2)]
+
+
+def _start_label(started: tuple[str, str]) -> str:
+    return f"{started[0]} first"
+
+
+def _paired_runs(scenario: scenarios.Scenario, started: tuple[str, str], rounds: int, *, out_dir: Path, stem: str,
+                 envs: dict[str, dict], folders: dict[str, Path | None], run_settings: dict, progress,
+                 log_suffix: str, match: bool) -> tuple[dict, dict, dict]:
+    """Both engines started in the order `started` (the first on slot 0), then per workload MATCH (greedy,
+    untimed; when `match`), a warm-up batch each and `rounds` paired rounds. (greedy[token][variant],
+    timings[token][variant]: per round {"elapsed_s", "output_tokens", "started_at", "start_order"}, info[variant])."""
     order = paired.pairing_order(rounds)
+    engines: dict[str, EngineProcess] = {}
+    greedy: dict[str, dict] = {}
+    timings: dict[str, dict[str, list[dict]]] = {}
+    try:
+        # One after the other where each engine sizes its memory from what is free once the previous one is up;
+        # together where the KV cache size is explicit (vLLM's CPU engine).
+        together = scenario.kv_cache_memory_bytes is not None
+        for slot, variant in enumerate(started):
+            engines[variant] = EngineProcess(
+                scenario, label=f"{variant} {scenario.model}", env=envs[variant], progress=progress,
+                candidates=folders[variant], slot=slot, engines=2,
+                log_path=out_dir / "logs" / f"{stem}.{scenario.slug}.{variant}{log_suffix}.log", **run_settings)
+            if not together:
+                engines[variant].wait_ready()
+        if together:
+            for engine in engines.values():
+                engine.wait_ready()
+        for token in scenario.workloads:
+            spec = resolve(token).spec
+            if match:
+                greedy[token] = {v: engines[v].call("match", description=f"{token} MATCH", workload=token)
+                                 for v in (paired.BASELINE, paired.CANDIDATE)}
+            for variant, engine in engines.items():  # warm-up: first-call costs stay out of the timing
+                for _ in range(getattr(spec, "warmup", 1)):
+                    engine.call("batch", description=f"{token} warm-up", workload=token)
+            timings[token] = {paired.BASELINE: [], paired.CANDIDATE: []}
+            for r, pair in enumerate(order):
+                for variant in pair:
+                    batch = engines[variant].call("batch", description=f"{token} round {r + 1}/{rounds}",
+                                                  workload=token)
+                    timings[token][variant].append(batch | {"start_order": _start_label(started)})
+        info = {v: engines[v].call("info") for v in (paired.BASELINE, paired.CANDIDATE)}
+    finally:
+        for engine in engines.values():
+            engine.close()
+    return greedy, timings, info
+
+
+def evaluate_scenario(scenario: scenarios.Scenario, *, out_dir: Path, stem: str, rounds: int, self_test: bool,
+                      candidates: Path | None, run_settings: dict, tie_nats: float = DEFAULT_TIE_NATS,
+                      crossed: bool = False) -> dict:
+    """Both engines side by side, MATCH then the paired timed rounds per workload; the scenario's result. With
+    `crossed`, the pair runs twice, started baseline first and then candidate first, and the rounds of both are
+    pooled: an engine's advantage from its start order (slot) cancels in the median ratio and widens the
+    interval, instead of showing as a difference between the variants. MATCH is the first start order's."""
+    check_crossed(crossed, rounds)
+    runs = start_orders(crossed, rounds)
     with progress_bars() as progress, tempfile.TemporaryDirectory(prefix="sk-eval-reports-") as reports:
         candidate_env = {} if candidates or self_test else {settings.env_name("adapters"): scenario.engine,
                                                             settings.env_name("report_dir"): reports}
-        variants = ((paired.BASELINE, {}, None), (paired.CANDIDATE, candidate_env, candidates))
-        engines: dict[str, EngineProcess] = {}
-        try:
-            # One after the other where each engine sizes its memory from what is free once the previous one is
-            # up; together where the KV cache size is explicit (vLLM's CPU engine).
-            together = scenario.kv_cache_memory_bytes is not None
-            for slot, (variant, env, folder) in enumerate(variants):
-                engines[variant] = EngineProcess(
-                    scenario, label=f"{variant} {scenario.model}", env=env, progress=progress, candidates=folder,
-                    log_path=out_dir / "logs" / f"{stem}.{scenario.slug}.{variant}.log", slot=slot, engines=2,
-                    **run_settings)
-                if not together:
-                    engines[variant].wait_ready()
-            if together:
-                for engine in engines.values():
-                    engine.wait_ready()
-            rows = []
-            for token in scenario.workloads:
-                spec = resolve(token).spec
-                greedy = {v: e.call("match", description=f"{token} MATCH", workload=token)
-                          for v, e in engines.items()}
-                for variant, engine in engines.items():  # warm-up: first-call costs stay out of the timing
-                    for _ in range(getattr(spec, "warmup", 1)):
-                        engine.call("batch", description=f"{token} warm-up", workload=token)
-                timings: dict[str, list[dict]] = {v: [] for v in engines}
-                for r, pair in enumerate(order):
-                    for variant in pair:
-                        timings[variant].append(engines[variant].call(
-                            "batch", description=f"{token} round {r + 1}/{rounds}", workload=token))
-                rows.append(compare_workload(token, greedy[paired.BASELINE], greedy[paired.CANDIDATE], timings,
-                                             tie_nats))
-            info = {v: e.call("info") for v, e in engines.items()}
-        finally:
-            for engine in engines.values():
-                engine.close()
+        envs = {paired.BASELINE: {}, paired.CANDIDATE: candidate_env}
+        folders = {paired.BASELINE: None, paired.CANDIDATE: candidates}
+        timings: dict[str, dict[str, list[dict]]] = {t: {paired.BASELINE: [], paired.CANDIDATE: []}
+                                                     for t in scenario.workloads}
+        greedy = info = None
+        for k, (started, n) in enumerate(runs):
+            run_greedy, run_timings, run_info = _paired_runs(
+                scenario, started, n, out_dir=out_dir, stem=stem, envs=envs, folders=folders,
+                run_settings=run_settings, progress=progress, log_suffix="" if k == 0 else f".{started[0]}-first",
+                match=k == 0)
+            greedy, info = greedy or run_greedy, info or run_info
+            for token, by_variant in run_timings.items():
+                for variant, batches in by_variant.items():
+                    timings[token][variant] += batches
+        rows = [compare_workload(token, greedy[token][paired.BASELINE], greedy[token][paired.CANDIDATE],
+                                 timings[token], tie_nats) for token in scenario.workloads]
         adapter = adapter_summary(Path(reports), scenario.engine)
     passed = all(r["mismatches"] == 0 for r in rows)
+    orders = ["".join("AB" if p[0] == paired.BASELINE else "BA" for p in paired.pairing_order(n)) for _, n in runs]
     return {"scenario": scenario.model_dump(), "correctness": "PASS" if passed else "FAIL", "rows": rows,
             "adapter": adapter, "self_test": self_test,
             "candidates_replaced": info[paired.CANDIDATE]["candidates_replaced"],
             "environment": info[paired.BASELINE]["environment"], "settings": run_settings | {
-                "rounds": rounds, "order": "".join("AB" if p[0] == paired.BASELINE else "BA" for p in order)}}
+                "rounds": rounds, "order": " | ".join(orders),
+                "start_orders": [_start_label(started) for started, _ in runs]}}
 
 
 def run(scenario_file: str, out_dir: Path, *, enforce_eager: bool, max_layers: int | None,
         max_requests: int | None, candidates: Path | None, console: Console, rounds: int = paired.DEFAULT_ROUNDS,
-        self_test: bool = False, workloads: list[str] | None = None, tie_nats: float = DEFAULT_TIE_NATS) -> bool:
+        self_test: bool = False, workloads: list[str] | None = None, tie_nats: float = DEFAULT_TIE_NATS,
+        crossed: bool = False) -> bool:
     """Evaluate every scenario of the file, print the summaries, write JSON + PNG; True when no sequence is a
     mismatch (each agrees, or first differs at a near-tie within `tie_nats`). `workloads`: tokens that replace
     every row's own."""
     check_self_test(self_test, candidates)
+    check_crossed(crossed, rounds)
     run_settings = {"enforce_eager": enforce_eager, "max_layers": max_layers, "max_requests": max_requests}
     loaded = scenarios.with_workloads(scenarios.load(scenario_file), workloads)
     scenarios.check_fits(loaded, 2, scenario_file)
@@ -332,7 +389,8 @@ def run(scenario_file: str, out_dir: Path, *, enforce_eager: bool, max_layers: i
     stem = Path(scenario_file).stem
     for scenario in loaded:
         result = evaluate_scenario(scenario, out_dir=out_dir, stem=stem, rounds=rounds, self_test=self_test,
-                                   candidates=candidates, run_settings=run_settings, tie_nats=tie_nats)
+                                   candidates=candidates, run_settings=run_settings, tie_nats=tie_nats,
+                                   crossed=crossed)
         print_scenario(console, result)
         results.append(result)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -340,7 +398,7 @@ def run(scenario_file: str, out_dir: Path, *, enforce_eager: bool, max_layers: i
                  f"candidate modules in {candidates}" if candidates else "standardkernels adapter")
     document = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "scenario_file": str(scenario_file),
-                "settings": run_settings | {"rounds": rounds, "tie_nats": tie_nats},
+                "settings": run_settings | {"rounds": rounds, "tie_nats": tie_nats, "crossed": crossed},
                 "candidate": candidate, "scenarios": results}
     json_path = out_dir / f"{stem}.json"
     json_path.write_text(json.dumps(document, indent=1) + "\n")

@@ -95,6 +95,8 @@ CASES = [  # (argv, what the message says); {in}: the bad inputs, {out}: a folde
     (["eval", GOOD_SCENARIO, "--self-test", "--candidates", "{in}", "--out", "{out}"],
      "--self-test runs the stock engine against itself and takes no candidate folder; got --candidates {in}"),
     (["eval", GOOD_SCENARIO, "--rounds", "0", "--out", "{out}"], f"argument --rounds: 0 {NOT_ALLOWED}"),
+    (["eval", GOOD_SCENARIO, "--crossed", "--rounds", "1", "--out", "{out}"],
+     "--crossed splits --rounds between the two start orders and needs 2 or more; got --rounds 1"),
     (["profile", GOOD_SCENARIO, "--workloads", "LLM.nope", "--out", "{out}"], "unknown workload 'LLM.nope'"),
     # An output folder that is a file (or lies under one) is refused before the work, not by mkdir after it.
     (["eval", GOOD_SCENARIO, "--out", "{in}/a_file"], "argument --out: {in}/a_file: it is a file, not a folder"),

@@ -146,3 +146,76 @@ def test_the_chart_is_drawn_for_rows_with_near_ties(tmp_path):
                 "scenario_file": "tiny.yaml", "date": "2026-12-02"}
     path = eval_chart.write_chart(document, tmp_path / "tiny.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class _FakeEngine:
+    """An engine process as sk eval drives it: each batch of a variant takes that variant's time plus a cost of
+    its start slot (the engine started second is slower), and every call is logged."""
+
+    SLOT_COST_S = 0.1
+
+    def __init__(self, log, seconds, scenario, *, label, env, progress, candidates, slot, engines, log_path,
+                 **settings):
+        self.variant, self.slot, self.log, self.seconds = label.split()[0], slot, log, seconds
+        log.append(("start", self.variant, slot, log_path.name))
+
+    def wait_ready(self):
+        pass
+
+    def call(self, name, description="", workload=None):
+        self.log.append((name, self.variant, self.slot))
+        if name == "match":
+            return {"tokens": [[1, 2]], "input_lens": [3], "top_logprobs": None}
+        if name == "batch":
+            return {"elapsed_s": self.seconds[self.variant] + self.SLOT_COST_S * self.slot, "output_tokens": 2,
+                    "started_at": 0.0}
+        return {"environment": {"vllm": "0.32.0", "torch": "2.13", "device": "cpu"}, "candidates_replaced": None}
+
+    def close(self):
+        self.log.append(("close", self.variant, self.slot))
+
+
+def _evaluate_with_fakes(monkeypatch, tmp_path, crossed, seconds):
+    log = []
+    monkeypatch.setattr(evaluate, "EngineProcess", lambda *a, **k: _FakeEngine(log, seconds, *a, **k))
+    scenario = Scenario(model="sk-tiny/llama", dtype="float32", workloads=["LLM.single_request"])
+    result = evaluate.evaluate_scenario(scenario, out_dir=tmp_path, stem="s", rounds=4, self_test=True,
+                                        candidates=None, run_settings={"enforce_eager": True}, crossed=crossed)
+    return result, log
+
+
+def test_the_engine_started_second_is_what_a_plain_pair_measures(monkeypatch, tmp_path):
+    # Two equally fast variants: the plain pair starts the baseline first, so the candidate pays the slot cost.
+    result, log = _evaluate_with_fakes(monkeypatch, tmp_path, False, {"baseline": 1.0, "candidate": 1.0})
+    (row,) = result["rows"]
+    assert row["speedup"] == pytest.approx(1.0 / 1.1) and row["verdict"] == "candidate slower"
+    assert [e[1:] for e in log if e[0] == "start"] == [("baseline", 0, "s.sk-tiny--llama-tp1-float32.baseline.log"),
+                                                        ("candidate", 1, "s.sk-tiny--llama-tp1-float32.candidate.log")]
+    assert result["settings"]["start_orders"] == ["baseline first"]
+
+
+def test_crossed_start_orders_cancel_the_slot_and_match_once(monkeypatch, tmp_path):
+    result, log = _evaluate_with_fakes(monkeypatch, tmp_path, True, {"baseline": 1.0, "candidate": 1.0})
+    (row,) = result["rows"]
+    # Two rounds with the candidate on slot 1 (ratio 1/1.1), two with it on slot 0 (ratio 1.1): the median is
+    # the middle two's mean, 1.005 (the plain pair's 0.909 is gone), and the interval holds both.
+    assert row["rounds"] == 4 and row["speedup"] == pytest.approx((1 / 1.1 + 1.1) / 2)
+    assert row["interval"][0] == pytest.approx(1 / 1.1) and row["interval"][1] == pytest.approx(1.1)
+    assert row["verdict"] == "within noise"
+    starts = [(v, slot) for e, v, slot, *_ in log if e == "start"]
+    assert starts == [("baseline", 0), ("candidate", 1), ("candidate", 0), ("baseline", 1)]
+    assert [e[1] for e in log if e[0] == "match"] == ["baseline", "candidate"]  # MATCH in the first order only
+    assert {t["start_order"] for t in row["timings"]["candidate"]} == {"baseline first", "candidate first"}
+    assert result["settings"]["start_orders"] == ["baseline first", "candidate first"]
+    assert result["settings"]["order"] == "ABBA | ABBA"
+    # Every engine of both orders is closed, and the second order's logs do not overwrite the first's.
+    assert sum(e[0] == "close" for e in log) == 4
+    assert len({e[3] for e in log if e[0] == "start"}) == 4
+
+
+def test_crossed_needs_two_rounds():
+    with pytest.raises(WorkflowError, match="--crossed splits --rounds between the two start orders and needs 2 "
+                                            "or more; got --rounds 1"):
+        evaluate.check_crossed(True, 1)
+    evaluate.check_crossed(False, 1)
+    assert evaluate.start_orders(True, 5) == [(("baseline", "candidate"), 3), (("candidate", "baseline"), 2)]
