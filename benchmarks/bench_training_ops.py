@@ -33,7 +33,8 @@ Peers are imported when present and skipped (logged) otherwise:
 
 `--sweep` first times our norm backward alone at the two largest sizes over its launch constants
 (`sk.ops.rms_norm.BACKWARD_PROGRAMS_PER_SM` x `BACKWARD_NUM_STAGES` x `BACKWARD_TILE_ELEMENTS` x
-`BACKWARD_ELEMENTS_PER_WARP`, 32 configurations; bench_training_ops_sweep.json/.md, a few minutes)
+`BACKWARD_ELEMENTS_PER_WARP`: 24 configurations around the current default and 2 references;
+bench_training_ops_sweep.json/.md, a few minutes)
 and runs the comparison with the fastest.
 
 Writes DIR/bench_training_ops.json and DIR/bench_training_ops.md (GPU, versions, date). Takes ~4-6 minutes on an
@@ -303,8 +304,11 @@ def markdown(result: dict) -> str:
 
 SWEEP_CONSTANTS = ("BACKWARD_PROGRAMS_PER_SM", "BACKWARD_NUM_STAGES", "BACKWARD_TILE_ELEMENTS",
                    "BACKWARD_ELEMENTS_PER_WARP")
-# Each constant's alternatives; (1, 1, 2048, 512) is Liger-Kernel's launch at 4096 wide (a program per SM, 8 warps).
-SWEEP_VALUES = ((1, 2, 4, 8), (1, 2), (2048, 8192), (256, 512))
+# Each constant's alternatives, around the launch the first sweep chose (2, 2, 2048, 512; results/h200/ops/README.md,
+# 2026-12-03: 1, 4 and 8 programs per SM and 8192-element tiles were slower there, stages stopped at 2); and
+# beside the grid, as references, Liger-Kernel's launch at 4096 wide (a program per SM, 8 warps) and the old default.
+SWEEP_VALUES = ((2, 3), (2, 3, 4), (2048, 4096), (512, 1024))
+SWEEP_REFERENCES = ((1, 1, 2048, 512), (4, 1, 2048, 256))
 
 
 def sweep(out_dir: pathlib.Path, log=print) -> dict:
@@ -322,7 +326,7 @@ def sweep(out_dir: pathlib.Path, log=print) -> dict:
                         for name, value in zip(SWEEP_CONSTANTS, config))
 
     default = tuple(getattr(norm, name) for name in SWEEP_CONSTANTS)
-    configs = list(itertools.product(*SWEEP_VALUES))
+    configs = list(dict.fromkeys([*itertools.product(*SWEEP_VALUES), *SWEEP_REFERENCES]))
     by_label = {label(c): c for c in configs}
     results = []
     for m in NORM_ROWS[-2:]:
