@@ -211,6 +211,9 @@ def test_crossed_start_orders_cancel_the_slot_and_match_once(monkeypatch, tmp_pa
     # Every engine of both orders is closed, and the second order's logs do not overwrite the first's.
     assert sum(e[0] == "close" for e in log) == 4
     assert len({e[3] for e in log if e[0] == "start"}) == 4
+    console = Console(width=250, record=True)
+    evaluate.print_scenario(console, result)
+    assert "order ABBA | ABBA, started baseline first then candidate first" in console.export_text()
 
 
 def test_crossed_needs_two_rounds():
