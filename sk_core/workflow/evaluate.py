@@ -274,6 +274,7 @@ def check_crossed(crossed: bool, rounds: int) -> None:
 def start_orders(crossed: bool, rounds: int) -> list[tuple[tuple[str, str], int]]:
     """The engines' start orders and the rounds each gets: baseline first (all rounds), or with `crossed` also
     candidate first, the rounds split between the two (the first gets the odd one)."""
+    check_crossed(crossed, rounds)
     first = (paired.BASELINE, paired.CANDIDATE)
     if not crossed:
         return [(first, rounds)]
@@ -336,25 +337,19 @@ def evaluate_scenario(scenario: scenarios.Scenario, *, out_dir: Path, stem: str,
     `crossed`, the pair runs twice, started baseline first and then candidate first, and the rounds of both are
     pooled: an engine's advantage from its start order (slot) cancels in the median ratio and widens the
     interval, instead of showing as a difference between the variants. MATCH is the first start order's."""
-    check_crossed(crossed, rounds)
     runs = start_orders(crossed, rounds)
     with progress_bars() as progress, tempfile.TemporaryDirectory(prefix="sk-eval-reports-") as reports:
         candidate_env = {} if candidates or self_test else {settings.env_name("adapters"): scenario.engine,
                                                             settings.env_name("report_dir"): reports}
         envs = {paired.BASELINE: {}, paired.CANDIDATE: candidate_env}
         folders = {paired.BASELINE: None, paired.CANDIDATE: candidates}
-        timings: dict[str, dict[str, list[dict]]] = {t: {paired.BASELINE: [], paired.CANDIDATE: []}
-                                                     for t in scenario.workloads}
-        greedy = info = None
-        for k, (started, n) in enumerate(runs):
-            run_greedy, run_timings, run_info = _paired_runs(
-                scenario, started, n, out_dir=out_dir, stem=stem, envs=envs, folders=folders,
-                run_settings=run_settings, progress=progress, log_suffix="" if k == 0 else f".{started[0]}-first",
-                match=k == 0)
-            greedy, info = greedy or run_greedy, info or run_info
-            for token, by_variant in run_timings.items():
-                for variant, batches in by_variant.items():
-                    timings[token][variant] += batches
+        done = [_paired_runs(scenario, started, n, out_dir=out_dir, stem=stem, envs=envs, folders=folders,
+                             run_settings=run_settings, progress=progress, match=k == 0,
+                             log_suffix="" if k == 0 else f".{started[0]}-first")
+                for k, (started, n) in enumerate(runs)]
+        greedy, _, info = done[0]
+        timings = {token: {v: [batch for _, run_timings, _ in done for batch in run_timings[token][v]]
+                           for v in (paired.BASELINE, paired.CANDIDATE)} for token in scenario.workloads}
         rows = [compare_workload(token, greedy[token][paired.BASELINE], greedy[token][paired.CANDIDATE],
                                  timings[token], tie_nats) for token in scenario.workloads]
         adapter = adapter_summary(Path(reports), scenario.engine)
