@@ -33,7 +33,8 @@ Peers are imported when present and skipped (logged) otherwise:
 
 `--sweep` first times our norm backward alone at the two largest sizes over its launch constants
 (`sk.ops.rms_norm.BACKWARD_PROGRAMS_PER_SM` x `BACKWARD_NUM_STAGES` x `BACKWARD_TILE_ELEMENTS` x
-`BACKWARD_ELEMENTS_PER_WARP`: 24 configurations around the current default and 2 references;
+`BACKWARD_ELEMENTS_PER_WARP` x `BACKWARD_SUM_COLUMNS`: 24 configurations around the current default and 5
+references), then SiLU·mul's backward over `sk.ops.act_and_mul.BACKWARD_BLOCK` x `BACKWARD_NUM_WARPS` (12;
 bench_training_ops_sweep.json/.md, a few minutes)
 and runs the comparison with the fastest.
 
@@ -303,65 +304,101 @@ def markdown(result: dict) -> str:
 
 
 SWEEP_CONSTANTS = ("BACKWARD_PROGRAMS_PER_SM", "BACKWARD_NUM_STAGES", "BACKWARD_TILE_ELEMENTS",
-                   "BACKWARD_ELEMENTS_PER_WARP")
+                   "BACKWARD_ELEMENTS_PER_WARP", "BACKWARD_SUM_COLUMNS")
 # Each constant's alternatives, around the launch the first sweep chose (2, 2, 2048, 512; results/h200/ops/README.md,
-# 2026-12-03: 1, 4 and 8 programs per SM and 8192-element tiles were slower there, stages stopped at 2); and
-# beside the grid, as references, Liger-Kernel's launch at 4096 wide (a program per SM, 8 warps) and the old default.
-SWEEP_VALUES = ((2, 3), (2, 3, 4), (2048, 4096), (512, 1024))
-SWEEP_REFERENCES = ((1, 1, 2048, 512), (4, 1, 2048, 256))
+# 2026-12-03: 8192-element tiles were slower there). That sweep summed the weight gradient's partial rows in 4
+# programs, a cost that grew with the programs per SM, so 3 and 4 are timed again with the wide sum. Beside the
+# grid, as references: that launch with the old sum (1024 columns a program) and with narrower and wider sums,
+# Liger-Kernel's launch at 4096 wide (a program per SM, 8 warps) and the default before the first sweep.
+SWEEP_VALUES = ((2, 3, 4), (2, 3), (2048, 4096), (512, 1024), (64,))
+SWEEP_REFERENCES = ((2, 2, 2048, 512, 1024), (2, 2, 2048, 512, 16), (2, 2, 2048, 512, 256), (1, 1, 2048, 512, 64),
+                    (4, 1, 2048, 256, 1024))
 
 
-def sweep(out_dir: pathlib.Path, log=print) -> dict:
-    """Time our rms_norm / fused_add_rms_norm backward (alone: fixed saved inputs and cotangents) over the launch
-    constants (SWEEP_CONSTANTS) at the two largest norm sizes; set the fastest (summed over the cases) and return
-    the table."""
-    norm = importlib.import_module("sk.ops.rms_norm")
+# The activation backward's block and warps (`sk.ops.act_and_mul`, above its small-problem size), timed on
+# SiLU·mul at the two largest sizes; SiLU and tanh GELU take the fastest (erf GELU keeps the forward's launch).
+ACT_SWEEP_CONSTANTS = ("BACKWARD_BLOCK", "BACKWARD_NUM_WARPS")
+ACT_SWEEP_VALUES = ((1024, 2048, 4096, 8192), (4, 8, 16))
 
+
+def _label(names, config) -> str:
+    return ",".join(f"{name.removeprefix('BACKWARD_').lower()}={value}" for name, value in zip(names, config))
+
+
+def _sweep_module(module, names, configs, cases, log) -> tuple[str, list[dict]]:
+    """Time each launch config (module constants `names`) on each case (label, bytes, call); set the fastest
+    (summed over the cases) and return (its label, the rows)."""
     def apply(config):
-        for name, value in zip(SWEEP_CONSTANTS, config):
-            setattr(norm, name, value)
+        for name, value in zip(names, config):
+            setattr(module, name, value)
 
-    def label(config):
-        return ",".join(f"{name.removeprefix('BACKWARD_').lower()}={value}"
-                        for name, value in zip(SWEEP_CONSTANTS, config))
-
-    default = tuple(getattr(norm, name) for name in SWEEP_CONSTANTS)
-    configs = list(dict.fromkeys([*itertools.product(*SWEEP_VALUES), *SWEEP_REFERENCES]))
-    by_label = {label(c): c for c in configs}
+    by_label = {_label(names, c): c for c in configs}
     results = []
-    for m in NORM_ROWS[-2:]:
-        n = NORM_WIDTH
-        x, r, dy, dh = (torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-        w = torch.ones(n, device="cuda", dtype=torch.bfloat16)
-        for fused in (False, True):
-            fns = {}
-            for config in configs:
-                def call(config=config, fused=fused):
-                    apply(config)
-                    return torch.ops.sk.rms_norm_backward(dy, x, w, dh if fused else None, EPS, 0.0, fused, True)
-                fns[label(config)] = call
-            # Each call sets its constants before launching: captured graphs keep each config's launch.
-            times = side_by_side_us(fns, on_error=lambda name, e: log(f"  sweep {name}: {type(e).__name__}: {e}"))
-            nbytes = (4 if fused else 3) * m * n * 2
-            for name, us in times.items():
-                results.append({"M": m, "N": n, "fused": fused, "config": name, "us": us,
-                                "TBps": nbytes / (us * 1e-6) / 1e12 if us else None})
-                log(f"  sweep M={m} fused={fused} {name}: {us if us is None else round(us, 2)} µs")
+    for case, nbytes, call in cases:
+        fns = {}
+        for label, config in by_label.items():
+            def fn(config=config):
+                apply(config)
+                return call()
+            fns[label] = fn
+        # Each call sets its constants before launching: captured graphs keep each config's launch.
+        times = side_by_side_us(fns, on_error=lambda name, e: log(f"  sweep {name}: {type(e).__name__}: {e}"))
+        for label, us in times.items():
+            results.append({**case, "config": label, "us": us,
+                            "TBps": nbytes / (us * 1e-6) / 1e12 if us else None})
+            log(f"  sweep {case} {label}: {us if us is None else round(us, 2)} µs")
     totals = {}
     for row in results:
         if row["us"] is not None:
             totals[row["config"]] = totals.get(row["config"], 0.0) + row["us"]
     best = min(totals, key=totals.get)
     apply(by_label[best])
-    table = {"default": label(default), "best": best, "rows": results}
+    return best, results
+
+
+def sweep(out_dir: pathlib.Path, log=print) -> dict:
+    """Time our norm backward (rms_norm / fused_add_rms_norm) and SiLU·mul backward alone (fixed saved inputs and
+    cotangents) over their launch constants at the two largest sizes; set the fastest of each and return the
+    tables."""
+    norm = importlib.import_module("sk.ops.rms_norm")
+    act = importlib.import_module("sk.ops.act_and_mul")
+    norm_default = _label(SWEEP_CONSTANTS, tuple(getattr(norm, name) for name in SWEEP_CONSTANTS))
+    act_default = _label(ACT_SWEEP_CONSTANTS, tuple(getattr(act, name) for name in ACT_SWEEP_CONSTANTS))
+    norm_cases, act_cases = [], []
+    for m in NORM_ROWS[-2:]:
+        n = NORM_WIDTH
+        x, dy, dh = (torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        w = torch.ones(n, device="cuda", dtype=torch.bfloat16)
+        for fused in (False, True):
+            norm_cases.append(({"op": "rms_norm", "M": m, "N": n, "fused": fused}, (4 if fused else 3) * m * n * 2,
+                               lambda x=x, dy=dy, dh=dh, w=w, fused=fused: torch.ops.sk.rms_norm_backward(
+                                   dy, x, w, dh if fused else None, EPS, 0.0, fused, True)))
+    for m in ACT_ROWS[-2:]:
+        x = torch.randn(m, ACT_WIDTH, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(m, ACT_WIDTH // 2, device="cuda", dtype=torch.bfloat16)
+        # x and dy read, dx written (as wide as x).
+        act_cases.append(({"op": "silu_and_mul", "M": m, "N": ACT_WIDTH}, (2 * x.numel() + dy.numel()) * 2,
+                          lambda x=x, dy=dy: torch.ops.sk.act_and_mul_backward(dy, x, "silu")))
+    norm_configs = list(dict.fromkeys([*itertools.product(*SWEEP_VALUES), *SWEEP_REFERENCES]))
+    norm_best, norm_rows = _sweep_module(norm, SWEEP_CONSTANTS, norm_configs, norm_cases, log)
+    act_best, act_rows = _sweep_module(act, ACT_SWEEP_CONSTANTS, list(itertools.product(*ACT_SWEEP_VALUES)),
+                                       act_cases, log)
+    table = {"norm": {"default": norm_default, "best": norm_best, "rows": norm_rows},
+             "act": {"default": act_default, "best": act_best, "rows": act_rows}}
     (out_dir / "bench_training_ops_sweep.json").write_text(json.dumps(table, indent=2) + "\n")
-    lines = ["| M | fused | config | µs | TB/s |", "|---|---|---|---|---|"]
-    lines += [f"| {r['M']} | {r['fused']} | {r['config']} | {r['us'] or float('nan'):.1f} | "
-              f"{r['TBps'] or float('nan'):.2f} |" for r in results]
+
+    def md(rows, keys):
+        lines = ["| " + " | ".join(keys) + " | config | µs | TB/s |", "|" + "---|" * (len(keys) + 3)]
+        lines += ["| " + " | ".join(str(r[k]) for k in keys) + f" | {r['config']} | {r['us'] or float('nan'):.1f} | "
+                  f"{r['TBps'] or float('nan'):.2f} |" for r in rows]
+        return "\n".join(lines)
+
     (out_dir / "bench_training_ops_sweep.md").write_text(
-        f"Norm backward launch sweep (bytes: x, dy[, dh] read, dx written); best overall: {best}; the "
-        f"default is {label(default)}.\n\n" + "\n".join(lines) + "\n")
-    log(f"sweep: best {best} (default {label(default)})")
+        f"Norm backward launch sweep (bytes: x, dy[, dh] read, dx written); best overall: {norm_best}; the "
+        f"default is {norm_default}.\n\n" + md(norm_rows, ("M", "fused")) + "\n\n"
+        f"SiLU·mul backward launch sweep (bytes: x, dy read, dx written); best overall: {act_best}; the default "
+        f"is {act_default}.\n\n" + md(act_rows, ("M",)) + "\n")
+    log(f"sweep: norm best {norm_best} (default {norm_default}); act best {act_best} (default {act_default})")
     return table
 
 

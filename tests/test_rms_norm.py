@@ -1,4 +1,6 @@
 """RMSNorm family: reference against fp64 math, kernel against the reference, in-place forms, edge cases."""
+import importlib
+
 import pytest
 import torch
 
@@ -246,6 +248,21 @@ def test_bf16_backward_matches_fp64_on_gpu(n):
     for name in VARIANTS:
         check_norm_backward(name, x, r, w.float(), 1e-6)
         check_norm_backward(name, x, r, w, 1e-6)
+
+
+def test_backward_pipeline_fits_in_shared_memory():
+    # The buffered tiles stay within BACKWARD_PIPELINE_BYTES; 65536-wide bf16 rows (4 bytes of x and dy a column:
+    # 256 KB a stage, past an H200's 227 KB a block) are not pipelined at all.
+    module = importlib.import_module("sk.ops.rms_norm")  # sk.ops.rms_norm is the function
+    budget, depth = module.BACKWARD_PIPELINE_BYTES, module.BACKWARD_NUM_STAGES
+    assert module.backward_stages(1, 4096, 4) == depth
+    assert module.backward_stages(1, 65536, 4) == 1 and module.backward_stages(1, 65536, 6) == 1
+    for rows, block_n in [(1, 4096), (1, 8192), (1, 16384), (2, 1024), (16, 128), (1, 32768)]:
+        for input_bytes in (4, 6, 8, 12):
+            stages = module.backward_stages(rows, block_n, input_bytes)
+            assert 1 <= stages <= depth
+            assert stages == 1 or (stages - 1) * rows * block_n * input_bytes <= budget
+            assert stages == depth or stages * rows * block_n * input_bytes > budget  # the deepest that fits
 
 
 @pytest.mark.gpu

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The accuracy gate (sk.evals.gate) on the H200: vLLM 0.25.0, bf16, compile + CUDA graphs (vLLM's default),
-# for the project's trained models (models/trained/{llama,gemma}), stock kernels against ours; when SGLang is
+# for the project's trained models (models/trained/{llama,gemma,qwen3}), stock kernels against ours; when SGLang is
 # importable, the same rows in SGLang 0.5.17 too (through sk-serve, CUDA graphs on).
 #
 # Here (a machine with PyPI), once: stage lm-eval and what the host lacks, beside the engine wheels:
@@ -51,7 +51,7 @@ case "${1:-}" in
     export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
     engines=(vllm)
     python3 -c 'import sglang' 2>/dev/null && engines+=(sglang)
-    styles=(llama gemma)
+    styles=(llama gemma qwen3)
     # One engine (and style) per call lets the rows run side by side, one GPU each.
     [ -n "${3:-}" ] && engines=("$3")
     [ -n "${4:-}" ] && styles=("$4")

@@ -8,7 +8,7 @@
 #   vllm-llama, vllm-gemma  stock vLLM vs our adapter vs the exported patch series (ci/gpu/export_check.py)
 #   vllm-trained            stock vLLM vs our adapter on the trained models (greedy tokens on peaked logits)
 #   tp2, tp2-trained        stock vLLM vs our adapter at tensor_parallel_size=2 (ci/gpu/vllm_check.py), on the
-#                           random Llama-style model / on the trained models (tp2-trained-llama, -gemma: one
+#                           random Llama-style model / on the trained models (tp2-trained-llama, -gemma, -qwen3: one
 #                           of them; four tp=2 engine starts can outlast one call)
 #   sglang                  stock SGLang vs our adapter, and sk-serve --engine sglang (ci/gpu/sglang_check.py)
 #   sglang-trained          stock SGLang vs our adapter on the trained models
@@ -61,17 +61,18 @@ work=/tmp/sk-gpu/$step
 rm -rf "$work" && mkdir -p "$work" "$out"
 case $step in
   vllm-llama|vllm-gemma) command=(python3 ci/gpu/export_check.py "$work" --styles "${step#vllm-}") ;;
-  vllm-trained)   command=(python3 ci/gpu/vllm_check.py "$work" --styles llama-trained gemma-trained) ;;
+  vllm-trained)   command=(python3 ci/gpu/vllm_check.py "$work" --styles llama-trained gemma-trained qwen3-trained) ;;
   tp2)    command=(python3 ci/gpu/vllm_check.py "$work" --tp 2 --styles llama) ;;
   tp2-trained)    command=(python3 ci/gpu/vllm_check.py "$work" --tp 2 --styles llama-trained gemma-trained) ;;
-  tp2-trained-llama|tp2-trained-gemma)
+  tp2-trained-llama|tp2-trained-gemma|tp2-trained-qwen3)
           command=(python3 ci/gpu/vllm_check.py "$work" --tp 2 --styles "${step#tp2-trained-}-trained") ;;
   sglang) command=(python3 ci/gpu/sglang_check.py "$work" --styles llama) ;;
-  sglang-trained) command=(python3 ci/gpu/sglang_check.py "$work" --styles llama-trained gemma-trained --no-serve) ;;
+  sglang-trained) command=(python3 ci/gpu/sglang_check.py "$work" --styles llama-trained gemma-trained qwen3-trained --no-serve) ;;
   sglang-export)  command=(python3 ci/gpu/export_check.py "$work" --engine sglang --styles llama) ;;
   serve-vllm|serve-sglang) command=(python3 ci/gpu/serve_check.py "${step#serve-}" "$work") ;;
   gate)   command=(bash ci/gpu/accuracy_gate.sh run "$work") ;;
-  gate-vllm|gate-sglang|gate-vllm-llama|gate-vllm-gemma|gate-sglang-llama|gate-sglang-gemma)
+  gate-vllm|gate-sglang|gate-vllm-llama|gate-vllm-gemma|gate-vllm-qwen3|gate-sglang-llama|gate-sglang-gemma|\
+  gate-sglang-qwen3)
           IFS=- read -r _ engine style <<< "$step"
           command=(bash ci/gpu/accuracy_gate.sh run "$work" "$engine" "$style") ;;
   eval)   command=(python3 -m sk.cli eval scenarios/h200-llama.yaml --max-requests 64 --out "$work") ;;

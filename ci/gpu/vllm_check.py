@@ -46,7 +46,7 @@ MODEL_SPECS = {
 # The committed trained models (models/trained, sk.models.train): on held-out prompts of their corpus their logits
 # are peaked, which makes greedy tokens a fair comparison in bf16. Small (hidden 128): for tokens, not for speed.
 TRAINED_MODELS = {f"{style}-trained": Path(__file__).resolve().parents[2] / "models" / "trained" / style
-                  for style in ("llama", "gemma")}
+                  for style in ("llama", "gemma", "qwen3")}
 STYLES = [*MODEL_SPECS, *TRAINED_MODELS]
 VARIANT_ENV = {"stock": {}, "sk": {"SK_ADAPTERS": "vllm"}}
 # Every engine process: flashinfer's sampler is not staged on the host; no usage reports (the host is offline);

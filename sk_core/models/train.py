@@ -1,6 +1,6 @@
 """Train one of the project's small models on the synthetic corpus, on CPU, deterministically, in minutes.
 
-    python -m sk.models.train --style llama|gemma --out DIR
+    python -m sk.models.train --style llama|gemma|qwen3 --out DIR
 
 Writes DIR in the Hugging Face layout (config, fp32 model.safetensors, the byte tokenizer) and DIR/training.json
 (held-out accuracies against chance, the recipe, versions, the sha256 of the weights). The network is
@@ -44,6 +44,9 @@ SPECS = {
                            num_kv_heads=1, head_dim=64, vocab_size=320, tie_word_embeddings=False),
     "gemma": TinyModelSpec(style="gemma", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=2,
                            num_kv_heads=1, head_dim=64, vocab_size=320, tie_word_embeddings=True),
+    # Llama's shapes plus Qwen3's RMSNorm over each head of q and k.
+    "qwen3": TinyModelSpec(style="qwen3", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=2,
+                           num_kv_heads=1, head_dim=64, vocab_size=320, tie_word_embeddings=False),
 }
 
 

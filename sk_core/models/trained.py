@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 # The styles the project trained (sk.models.tiny has more styles of random-weight models).
-TRAINED_STYLES = ("llama", "gemma")
+TRAINED_STYLES = ("llama", "gemma", "qwen3")
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # the installed `sk` package (sk_core in a checkout)
 LOCATIONS = (

@@ -122,11 +122,25 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, activation: str) -> None:
 launch = _launch
 
 
+# The backward's block and warps above SMALL_PROBLEM (below it, the forward's launch): it reads three streams and
+# writes two, so it is timed apart from the forward (`benchmarks/bench_training_ops.py --sweep`, results/h200/ops).
+# Erf GELU's backward (two exps and a division an element) was slower with them: it keeps the forward's launch.
+BACKWARD_BLOCK = 8192
+BACKWARD_NUM_WARPS = 16
+
+
+def _backward_launch_config(n_rows: int, d: int, activation: str) -> tuple[int, int]:
+    if n_rows * d <= SMALL_PROBLEM or activation == "gelu":
+        return launch_config(n_rows, d)
+    block = min(BACKWARD_BLOCK, triton.next_power_of_2(d))
+    return block, max(1, min(BACKWARD_NUM_WARPS, block // 256))  # narrow rows: fewer warps, as the forward's
+
+
 def _launch_backward(dy2: torch.Tensor, x2: torch.Tensor, dx2: torch.Tensor, activation: str) -> None:
     n_rows, d = dy2.shape
     if n_rows == 0 or d == 0:
         return
-    block, num_warps = launch_config(n_rows, d)
+    block, num_warps = _backward_launch_config(n_rows, d, activation)
     _act_and_mul_backward_kernel[(n_rows, triton.cdiv(d, block))](
         dy2, dy2.stride(0), x2, x2.stride(0), dx2, dx2.stride(0), n_rows, d, ACT=activation, BLOCK=block,
         num_warps=num_warps,

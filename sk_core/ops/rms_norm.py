@@ -140,13 +140,21 @@ def _launch(x2, w, y2, eps, weight_offset, res2=None, res_out2=None) -> None:
 # The backward's launch: a persistent grid of BACKWARD_PROGRAMS_PER_SM programs per SM, its row loop
 # software-pipelined BACKWARD_NUM_STAGES deep (the next tile's loads issued early); a tile holds
 # max(1, BACKWARD_TILE_ELEMENTS // BLOCK_N) rows, one warp per BACKWARD_ELEMENTS_PER_WARP of its elements. The
-# fastest of the 32 launches `benchmarks/bench_training_ops.py --sweep` timed on an H200 at 16384 and 32768 x 4096
-# (results/h200/ops/README.md, 2026-12-03: 1.7-2.1x the launch before). The weight-gradient partial rows are
+# fastest of the launches two runs of `benchmarks/bench_training_ops.py --sweep` timed on an H200 at 16384 and
+# 32768 x 4096 (results/h200/ops/README.md, 2026-12-03: 1.7-2.1x the launch before, then 1.6x that with 3 stages
+# and the narrow sum below). The weight-gradient partial rows are
 # P x N fp32, written and read once: < 1% of the traffic at 32768 x 4096 bf16.
 BACKWARD_PROGRAMS_PER_SM = 2
-BACKWARD_NUM_STAGES = 2
+BACKWARD_NUM_STAGES = 3
+# Each stage past the first buffers a tile of the inputs in shared memory: the stages are cut until they fit in
+# this many bytes (two programs per SM then fit in an H200's 228 KB), down to 1 (65536-wide rows: no pipelining).
+BACKWARD_PIPELINE_BYTES = 64 * 1024
 BACKWARD_TILE_ELEMENTS = 2048
 BACKWARD_ELEMENTS_PER_WARP = 512
+# The weight gradient's sum over the P partial rows: one program per BACKWARD_SUM_COLUMNS columns, adding
+# up to 4096 / BACKWARD_SUM_COLUMNS partial rows a step. Its steps are a chain of dependent loads, so few wide column
+# blocks (4 programs at 4096 wide, 8 rows a step, as before) leave it latency-bound; narrow blocks spread it.
+BACKWARD_SUM_COLUMNS = 64
 # Under Triton's interpreter (CPU tests) a fixed count: several programs, so the partial-row sum is exercised.
 INTERPRETED_PROGRAMS = 3
 
@@ -171,6 +179,15 @@ def _backward_launch_config(n_cols: int) -> tuple[int, int, int]:
     return rows, block_n, num_warps
 
 
+def backward_stages(rows: int, block_n: int, input_bytes: int) -> int:
+    """The pipeline depth: BACKWARD_NUM_STAGES, less while the buffered tiles ((stages - 1) x rows x block_n
+    elements of every input, input_bytes per element of all of them) exceed BACKWARD_PIPELINE_BYTES."""
+    stages = BACKWARD_NUM_STAGES
+    while stages > 1 and (stages - 1) * rows * block_n * input_bytes > BACKWARD_PIPELINE_BYTES:
+        stages -= 1
+    return stages
+
+
 def _launch_backward(dy2, x2, w, dx2, eps, weight_offset, dres2=None, dw=None) -> None:
     """dx2 ← the input gradient; dw (when given, in the weight's dtype) ← the weight gradient."""
     n_rows, n_cols = x2.shape
@@ -184,16 +201,19 @@ def _launch_backward(dy2, x2, w, dx2, eps, weight_offset, dres2=None, dw=None) -
     programs = _backward_programs(triton.cdiv(n_rows, rows), x2.device)
     partial = torch.empty((programs, n_cols), dtype=torch.float32, device=x2.device) if dw is not None else dx2
     has_dres = dres2 is not None
+    input_bytes = x2.element_size() + dy2.element_size() + (dres2.element_size() if has_dres else 0)
     _rms_norm_backward_kernel[(programs,)](
         dy2, dy2.stride(0), x2, x2.stride(0), w, dres2 if has_dres else dy2, dres2.stride(0) if has_dres else 0,
         dx2, dx2.stride(0), partial, n_rows, n_cols, eps, weight_offset,
-        HAS_DRES=has_dres, WEIGHT_GRAD=dw is not None, ROWS=rows, BLOCK_N=block_n, NUM_STAGES=BACKWARD_NUM_STAGES,
+        HAS_DRES=has_dres, WEIGHT_GRAD=dw is not None, ROWS=rows, BLOCK_N=block_n,
+        NUM_STAGES=backward_stages(rows, block_n, input_bytes),
         num_warps=num_warps,
     )
     if dw is not None:
-        block_c = min(1024, triton.next_power_of_2(n_cols))
+        block_c = min(BACKWARD_SUM_COLUMNS, triton.next_power_of_2(n_cols))
+        block_p = max(1, min(4096 // block_c, triton.next_power_of_2(programs)))
         _sum_rows_kernel[(triton.cdiv(n_cols, block_c),)](
-            partial, dw, programs, n_cols, BLOCK_P=8, BLOCK_C=block_c, num_warps=max(1, min(8, block_c // 128)))
+            partial, dw, programs, n_cols, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
 
 
 # ----------------------------------------------------------------------------------------------- references

@@ -35,11 +35,12 @@ def test_answer_end_is_the_trained_tokenizers_newline(vllm_python):
     script = """
 import vllm_check
 from tokenizers import Tokenizer
-for style in ("llama-trained", "gemma-trained"):
+for style in ("llama-trained", "gemma-trained", "qwen3-trained"):
     tokenizer = Tokenizer.from_file(str(vllm_check.TRAINED_MODELS[style] / "tokenizer.json"))
     end = vllm_check.answer_end_id(style)
     print(style, end, repr(tokenizer.decode([end])))
 print("llama", vllm_check.answer_end_id("llama"))
 """
     done = subprocess.run([vllm_python, "-c", script], cwd=CHECKS, capture_output=True, text=True, check=True)
-    assert done.stdout.splitlines() == ["llama-trained 201 '\\n'", "gemma-trained 201 '\\n'", "llama None"]
+    assert done.stdout.splitlines() == ["llama-trained 201 '\\n'", "gemma-trained 201 '\\n'", "qwen3-trained 201 '\\n'",
+                                     "llama None"]

@@ -23,7 +23,7 @@ from sk.reports import model_process_reports, read_reports
 PROMPTS = ["add 478+95=", "rev kqzma=", "close ([{}(=", "rev standard="]
 # The longest answer and its newline; past them the models' continuation was never trained.
 MAX_TOKENS = 9
-STYLES = ("llama", "gemma")
+STYLES = ("llama", "gemma", "qwen3")
 MODES = ("eager", "compiled")
 # Adapter variants: the environment that switches them on.
 VARIANTS = {
@@ -34,13 +34,15 @@ VARIANTS = {
 }
 # The sk.coverage op names each model style must show in the worker: norms, and the fused block that stands
 # for post_attention_layernorm + MLP (the activation runs inside it).
+# Qwen3's q/k norms are rms_norm calls too.
 OPS = {
     "llama": ("rms_norm", "fused_add_rms_norm"),
     "gemma": ("gemma_rms_norm", "gemma_fused_add_rms_norm"),
+    "qwen3": ("rms_norm", "fused_add_rms_norm"),
 }
-FUSED = {"llama": "fused_gated_mlp/rms", "gemma": "fused_gated_mlp/gemma_rms"}
+FUSED = {"llama": "fused_gated_mlp/rms", "gemma": "fused_gated_mlp/gemma_rms", "qwen3": "fused_gated_mlp/rms"}
 # Without the fused blocks (SK_FUSED_MLP=0) the MLP's activation is our op again.
-UNFUSED_ACT = {"llama": "silu_and_mul", "gemma": "gelu_and_mul"}
+UNFUSED_ACT = {"llama": "silu_and_mul", "gemma": "gelu_and_mul", "qwen3": "silu_and_mul"}
 LAYERS = 4  # decoder layers of the trained models
 RUN_TIMEOUT_S = 900
 

@@ -100,6 +100,10 @@ def test_eval_prints_both_summaries_with_matching_tokens(runs):
     for row in result["rows"]:  # two rounds: A B, then B A
         assert row["rounds"] == 2 and len(row["timings"]["baseline"]) == len(row["timings"]["candidate"]) == 2
         assert row["interval"][0] <= row["speedup"] <= row["interval"][1]
+        for batch in row["timings"]["baseline"] + row["timings"]["candidate"]:  # vLLM's front end, timed
+            clock = batch["front_end"]
+            assert clock["steps"] > 0 and clock["wait_s"] + clock["process_s"] <= batch["elapsed_s"], clock
+            assert 0 < clock["last_output_s"] <= batch["elapsed_s"] and clock["lag_s"] >= 0, clock
         # Both engines returned the top log-probabilities that a divergence would be judged by.
         assert row["logprobs"] == {"baseline": True, "candidate": True} and row["mismatches"] == 0
     assert result["settings"]["order"] == "ABBA"
