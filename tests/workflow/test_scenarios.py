@@ -92,7 +92,7 @@ def test_a_trained_model_missing_from_the_install_is_refused_clearly(tmp_path, m
      "model directory './no/such/dir' does not exist"),
     ("scenarios:\n" + GOOD_ROW.replace("sk-tiny/llama", "sk-tiny/falcon"), "unknown project model 'sk-tiny/falcon'"),
     ("scenarios:\n" + GOOD_ROW.replace("sk-tiny/llama", "sk-trained/falcon"),
-     "unknown project model 'sk-trained/falcon'; known: sk-trained/llama, sk-trained/gemma, sk-tiny/llama"),
+     "unknown project model 'sk-trained/falcon'; known: sk-trained/llama, sk-trained/gemma, sk-trained/qwen3, sk-tiny/llama"),
     ("scenarios:\n" + GOOD_ROW.replace("sk-tiny", "sk-trained") + "    model_spec: {num_layers: 1}\n",
      "model_spec sizes a random-weight project model \\(sk-tiny/<style>\\), not 'sk-trained/llama'"),
     ("scenarios:\n" + GOOD_ROW + "    tpp: 2\n", "scenarios.0.tpp: Extra inputs are not permitted"),
