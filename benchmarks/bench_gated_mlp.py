@@ -123,13 +123,14 @@ def implementations(p, norm, activation, peers, with_compile, log):
         C = peers["vllm"]
         w1 = (p["norm_weight"].float() + 1).to(p["norm_weight"].dtype) if gemma else p["norm_weight"]
         act = C.gelu_tanh_and_mul if tanh else C.silu_and_mul
+        # Each lambda binds its own act: the SGLang block below rebinds the name.
         impls["vllm"] = ("seq", lambda x, r, w, w1=w1: C.fused_add_rms_norm(x, r, w1, EPS),
-                         lambda a, gu: act(a, gu))
+                         lambda a, gu, act=act: act(a, gu))
     if "sglang" in peers:
         s = peers["sglang"]
         add = s.gemma_fused_add_rmsnorm if gemma else s.fused_add_rmsnorm
         act = s.gelu_tanh_and_mul if tanh else s.silu_and_mul
-        impls["sglang"] = ("seq", lambda x, r, w: add(x, r, w, EPS), lambda a, gu: act(gu, a))
+        impls["sglang"] = ("seq", lambda x, r, w, add=add: add(x, r, w, EPS), lambda a, gu, act=act: act(gu, a))
 
     def reference(x, r):
         return gated_mlp_reference(x, p["norm_weight"], p["gate_up_weight"], p["down_weight"], EPS, residual=r,
