@@ -291,7 +291,7 @@ def _paired_runs(scenario: scenarios.Scenario, started: tuple[str, str], rounds:
     """Both engines started in the order `started` (the first on slot 0), then per workload MATCH (greedy,
     untimed; when `match`), a warm-up batch each and `rounds` paired rounds. (greedy[token][variant],
     timings[token][variant]: per round {"elapsed_s", "output_tokens", "started_at", "start_order"}, info[variant])."""
-    order = paired.pairing_order(rounds)
+    order = paired.pairing_order(rounds, lead=started[0])  # the engine started first leads the rounds
     engines: dict[str, EngineProcess] = {}
     greedy: dict[str, dict] = {}
     timings: dict[str, dict[str, list[dict]]] = {}
@@ -336,7 +336,9 @@ def evaluate_scenario(scenario: scenarios.Scenario, *, out_dir: Path, stem: str,
     """Both engines side by side, MATCH then the paired timed rounds per workload; the scenario's result. With
     `crossed`, the pair runs twice, started baseline first and then candidate first, and the rounds of both are
     pooled: an engine's advantage from its start order (slot) cancels in the median ratio and widens the
-    interval, instead of showing as a difference between the variants. MATCH is the first start order's."""
+    interval, instead of showing as a difference between the variants. In each start order the engine started
+    first leads the rounds (A B B A ..., then B A A B ...), so an advantage of a batch's place in the sequence
+    cancels too. MATCH is the first start order's."""
     runs = start_orders(crossed, rounds)
     with progress_bars() as progress, tempfile.TemporaryDirectory(prefix="sk-eval-reports-") as reports:
         candidate_env = {} if candidates or self_test else {settings.env_name("adapters"): scenario.engine,
@@ -354,7 +356,8 @@ def evaluate_scenario(scenario: scenarios.Scenario, *, out_dir: Path, stem: str,
                                  timings[token], tie_nats) for token in scenario.workloads]
         adapter = adapter_summary(Path(reports), scenario.engine)
     passed = all(r["mismatches"] == 0 for r in rows)
-    orders = ["".join("AB" if p[0] == paired.BASELINE else "BA" for p in paired.pairing_order(n)) for _, n in runs]
+    orders = ["".join("AB" if p[0] == paired.BASELINE else "BA" for p in paired.pairing_order(n, lead=started[0]))
+              for started, n in runs]
     return {"scenario": scenario.model_dump(), "correctness": "PASS" if passed else "FAIL", "rows": rows,
             "adapter": adapter, "self_test": self_test,
             "candidates_replaced": info[paired.CANDIDATE]["candidates_replaced"],

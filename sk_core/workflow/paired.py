@@ -19,11 +19,15 @@ CONFIDENCE = 0.95
 WITHIN_NOISE = "within noise"
 
 
-def pairing_order(rounds: int) -> list[tuple[str, str]]:
-    """The two variants' order in each round: A B, B A, A B, ... (A B B A A B B A over time)."""
+def pairing_order(rounds: int, lead: str = BASELINE) -> list[tuple[str, str]]:
+    """The two variants' order in each round, `lead` first in the first: A B, B A, A B, ... (A B B A A B B A over
+    time; with the candidate leading, B A A B B A A B)."""
     if rounds < 1:
         raise ValueError(f"rounds must be 1 or more, got {rounds}")
-    return [(BASELINE, CANDIDATE) if r % 2 == 0 else (CANDIDATE, BASELINE) for r in range(rounds)]
+    if lead not in (BASELINE, CANDIDATE):
+        raise ValueError(f"lead must be {BASELINE!r} or {CANDIDATE!r}, got {lead!r}")
+    first = (lead, CANDIDATE if lead == BASELINE else BASELINE)
+    return [first if r % 2 == 0 else first[::-1] for r in range(rounds)]
 
 
 def bootstrap_interval(values: list[float], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,

@@ -207,13 +207,16 @@ def test_crossed_start_orders_cancel_the_slot_and_match_once(monkeypatch, tmp_pa
     assert [e[1] for e in log if e[0] == "match"] == ["baseline", "candidate"]  # MATCH in the first order only
     assert {t["start_order"] for t in row["timings"]["candidate"]} == {"baseline first", "candidate first"}
     assert result["settings"]["start_orders"] == ["baseline first", "candidate first"]
-    assert result["settings"]["order"] == "ABBA | ABBA"
+    assert result["settings"]["order"] == "ABBA | BAAB"
+    # The engine started first leads its order's rounds (after both warm-ups): each variant leads one order.
+    batches = [(v, slot) for e, v, slot, *_ in log if e == "batch"]
+    assert batches[2] == ("baseline", 0) and batches[2 + 4 + 2] == ("candidate", 0)  # 2 warm-ups, 2 rounds of 2
     # Every engine of both orders is closed, and the second order's logs do not overwrite the first's.
     assert sum(e[0] == "close" for e in log) == 4
     assert len({e[3] for e in log if e[0] == "start"}) == 4
     console = Console(width=250, record=True)
     evaluate.print_scenario(console, result)
-    assert "order ABBA | ABBA, started baseline first then candidate first" in console.export_text()
+    assert "order ABBA | BAAB, started baseline first then candidate first" in console.export_text()
 
 
 def test_crossed_needs_two_rounds():

@@ -8,6 +8,10 @@ def test_rounds_alternate_abba():
     order = paired.pairing_order(4)
     flat = [v[0] for pair in order for v in pair]
     assert "".join("A" if v == "b" else "B" for v in flat) == "ABBAABBA"
+    led = [v for pair in paired.pairing_order(4, lead=paired.CANDIDATE) for v in pair]
+    assert "".join("A" if v == paired.BASELINE else "B" for v in led) == "BAABBAAB"
+    with pytest.raises(ValueError, match="lead must be 'baseline' or 'candidate', got 'stock'"):
+        paired.pairing_order(2, lead="stock")
     with pytest.raises(ValueError, match="rounds must be 1 or more, got 0"):
         paired.pairing_order(0)
 
