@@ -157,4 +157,5 @@ def test_unknown_project_model_starts_nothing(capsys):
 
     assert main(["--engine", "vllm", "sk-trained/mistral"]) == 2
     assert capsys.readouterr().err == ("sk-serve: unknown project model 'sk-trained/mistral'; known: "
-                                       "sk-trained/llama, sk-trained/gemma, sk-tiny/llama, sk-tiny/gemma, sk-tiny/qwen3\n")
+                                       "sk-trained/llama, sk-trained/gemma, sk-trained/qwen3, sk-tiny/llama, "
+                                       "sk-tiny/gemma, sk-tiny/qwen3\n")
