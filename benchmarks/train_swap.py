@@ -1,10 +1,11 @@
 """Train a small Llama-style (or Gemma-style) model on the GPU with and without `sk.nn.swap`: loss curves, step
 time and peak memory side by side.
 
-    python benchmarks/train_swap.py --out DIR [--style llama|gemma] [--steps 400] [--batch-size 128]
+    python benchmarks/train_swap.py --out DIR [--style llama|gemma] [--size small|1b] [--steps 400] [--batch-size 128]
 
 The model is transformers' own LlamaForCausalLM / GemmaForCausalLM (built from `sk.models.tiny`'s config, larger
-than the CPU recipe: hidden 1024, MLP 2816, 8 layers, 16 heads of 64), trained on the project's synthetic corpus
+than the CPU recipe: `--size small`, hidden 1024, MLP 2816, 8 layers, 16 heads of 64; `--size 1b`, Llama-3.2-1B's
+shapes: hidden 2048, MLP 8192, 16 layers, 32 heads, 8 KV heads), trained on the project's synthetic corpus
 (`sk.models.corpus`, byte tokenizer) with the CPU recipe's AdamW and schedule, FP32 master weights and bf16
 autocast. Three runs from the same initial weights on the same batches:
 
@@ -52,9 +53,14 @@ from sk.models.train import ByteTokenizer, Recipe, _batch, _learning_rate, build
 WINDOW = 25
 
 
-def spec_for(style: str) -> TinyModelSpec:
-    return TinyModelSpec(style=style, hidden_size=1024, intermediate_size=2816, num_layers=8, num_heads=16,
-                         num_kv_heads=4, head_dim=64, vocab_size=320, tie_word_embeddings=style == "gemma")
+# (hidden, MLP, layers, heads, KV heads): "small" is host-bound on an H200, "1b" (Llama-3.2-1B's shapes) is not.
+SIZES = {"small": (1024, 2816, 8, 16, 4), "1b": (2048, 8192, 16, 32, 8)}
+
+
+def spec_for(style: str, size: str = "small") -> TinyModelSpec:
+    hidden, mlp, layers, heads, kv_heads = SIZES[size]
+    return TinyModelSpec(style=style, hidden_size=hidden, intermediate_size=mlp, num_layers=layers, num_heads=heads,
+                         num_kv_heads=kv_heads, head_dim=64, vocab_size=320, tie_word_embeddings=style == "gemma")
 
 
 def round_once(model) -> None:
@@ -106,6 +112,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=pathlib.Path)
     parser.add_argument("--style", choices=("llama", "gemma"), default="llama")
+    parser.add_argument("--size", choices=tuple(SIZES), default="small",
+                        help="model size: small (hidden 1024, 8 layers) or 1b (hidden 2048, MLP 8192, 16 layers)")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--device", default="cuda", help="cpu (with TRITON_INTERPRET=1 and --tiny): a smoke test")
@@ -114,7 +122,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     log = print
     recipe = Recipe(steps=args.steps, batch_size=args.batch_size, learning_rate=1e-3, warmup_steps=40)
-    spec = spec_for(args.style) if not args.tiny else TinyModelSpec(
+    spec = spec_for(args.style, args.size) if not args.tiny else TinyModelSpec(
         style=args.style, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=2, num_kv_heads=1,
         head_dim=32, vocab_size=320, tie_word_embeddings=args.style == "gemma")
     tokenizer = ByteTokenizer()
