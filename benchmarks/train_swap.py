@@ -139,6 +139,7 @@ def main(argv=None) -> int:
     rounded = copy.deepcopy(initial)
     round_once(rounded)
     runs["hf_round_once"] = train_run("hf_round_once", rounded, batches, recipe, log=log)
+    del rounded  # its weights and gradients would count in the next run's peak memory
     swapped = copy.deepcopy(initial)
     replaced = sk.nn.swap(swapped, strict=True)
     log(replaced.summary())
