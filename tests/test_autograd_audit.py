@@ -3,11 +3,13 @@ math; in-place forms give correct gradients (or torch's refusals), `out=` forms 
 
 A new public op or module without an entry in AUDIT / MODULES fails `test_every_public_op_and_module_is_audited`.
 """
+import contextlib
 import inspect
 import math
 
 import pytest
 import torch
+import torch.utils._python_dispatch
 
 import sk
 from numerics import KERNEL_DEVICE, fp64_act_and_mul, rel_err, seed_of
@@ -385,3 +387,57 @@ def test_out_forms_refuse_autograd_as_torch_does(call, wants):
         torch.ops.sk.act_and_mul_out(out_in, x_in, "silu")
     with torch.no_grad():
         assert call(x_in, out_in) is out_in
+
+
+# ----------------------------------------------------------------------------------------------- eager path
+
+class _PassThrough(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records each op it sees and runs it: with a dispatch mode active the ops keep torch.library's dispatch."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+EAGER_CALLS = {
+    "rms_norm": lambda x, r, w: (sk.ops.rms_norm(x, w, EPS),),
+    "gemma_rms_norm": lambda x, r, w: (sk.ops.gemma_rms_norm(x, w, EPS),),
+    "fused_add_rms_norm": lambda x, r, w: sk.ops.fused_add_rms_norm(x, r, w, EPS),
+    "silu_and_mul": lambda x, r, w: (sk.ops.silu_and_mul(torch.cat([x, r], -1)),),
+    "gelu_and_mul": lambda x, r, w: (sk.ops.gelu_and_mul(torch.cat([x, r], -1), approximate="tanh"),),
+}
+
+
+@pytest.mark.parametrize("name", EAGER_CALLS)
+def test_eager_training_calls_skip_the_custom_op_dispatch_with_the_same_bits(name):
+    # A plain eager training call runs the op's implementation as an autograd.Function (no torch.library
+    # dispatch); under a dispatch mode the custom op runs instead. Same kernels: the same bits either way.
+    gen = torch.Generator().manual_seed(seed_of("eager", name))
+    x, r = (torch.randn(5, 33, generator=gen).to(KERNEL_DEVICE) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(33, generator=gen)).to(KERNEL_DEVICE)
+
+    def run(mode):
+        leaves = [t.clone().requires_grad_() for t in (x, r, w)]
+        with mode:
+            outputs = EAGER_CALLS[name](*leaves)
+            cotangents = [torch.randn(o.shape, generator=torch.Generator().manual_seed(i)).to(o.device)
+                          for i, o in enumerate(outputs)]
+            torch.autograd.backward(outputs, cotangents)
+        return outputs, [t.grad for t in leaves]
+
+    mode = _PassThrough()
+    fast, fast_grads = run(contextlib.nullcontext())
+    dispatched, dispatched_grads = run(mode)
+    assert type(fast[0].grad_fn).__name__.endswith("_functionBackward")
+    assert not type(dispatched[0].grad_fn).__name__.endswith("_functionBackward")
+    assert any(op.startswith("sk.") for op in mode.ops), mode.ops  # the custom ops ran under the mode
+    for a, b in zip(fast, dispatched):
+        assert torch.equal(a, b)
+    for a, b in zip(fast_grads, dispatched_grads):
+        assert (a is None and b is None) or torch.equal(a, b)
+    with torch.no_grad():  # inference keeps the custom op: no autograd to skip
+        assert EAGER_CALLS[name](x, r, w)[0].grad_fn is None

@@ -12,6 +12,40 @@ from sk import coverage
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
+# Tensors the ops' eager paths take as they are; subclasses (FakeTensor, FunctionalTensor, DTensor, ...) keep
+# torch.library's dispatch, whose fake and functional forms they need.
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def plain_eager(*tensors: torch.Tensor | None) -> bool:
+    """Whether a call can run an op's implementation directly rather than through its custom op: not traced by
+    torch.compile, no TorchDispatchMode active (FakeTensorMode, profiling modes: they see the custom op), and only
+    plain tensors (None skipped)."""
+    return (not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
+            and all(type(t) in _PLAIN_TENSORS for t in tensors if t is not None))
+
+
+def eager_autograd(*tensors: torch.Tensor | None) -> bool:
+    """Whether a training call (grad mode on, an input that requires grad) can run as the op's `eager_function`:
+    `plain_eager`, outside torch.func's transforms (which need torch.library's autograd)."""
+    return (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+            and plain_eager(*tensors) and not torch._C._are_functorch_transforms_active())
+
+
+def eager_function(impl: Callable, setup_context: Callable, backward: Callable) -> type[torch.autograd.Function]:
+    """A torch.autograd.Function of a custom op's implementation, setup_context and backward formula, for
+    `eager_autograd` calls: they skip torch.library's dispatch, about 20 µs of host time a call each way (twice the
+    implementation's own; results/h200/ops/README.md, 2026-12-03), paid 50-100 times by a small model's training
+    step. Its forward takes ctx (autograd.Function's other style binds its arguments with inspect each call)."""
+    def forward(ctx, *inputs):
+        output = impl(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+
+    return type(f"{impl.__name__.strip('_')}_function", (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward), "__doc__": impl.__doc__})
+
+
 def check_float(op: str, name: str, t: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"sk.ops.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")

@@ -20,6 +20,9 @@ from sk import coverage
 from sk.ops._common import (
     check_float,
     check_same_device,
+    eager_autograd,
+    eager_function,
+    plain_eager,
     refuse_autograd_of_mutating_op,
     refuse_out_autograd,
     rows_view,
@@ -201,11 +204,13 @@ def _compute_into(y: torch.Tensor, x: torch.Tensor, activation: str) -> None:
         y.copy_(y2.view(y.shape))
 
 
-@torch.library.custom_op("sk::act_and_mul", mutates_args=())
-def _act_and_mul_op(x: torch.Tensor, activation: str) -> torch.Tensor:
+def _act_and_mul_impl(x: torch.Tensor, activation: str) -> torch.Tensor:
     y = torch.empty(_out_shape(x), dtype=x.dtype, device=x.device)
     _compute_into(y, x, activation)
     return y
+
+
+_act_and_mul_op = torch.library.custom_op("sk::act_and_mul", mutates_args=())(_act_and_mul_impl)
 
 
 @_act_and_mul_op.register_fake
@@ -215,13 +220,16 @@ def _(x, activation):
 
 
 
-@torch.library.custom_op("sk::act_and_mul_backward", mutates_args=())
-def _act_and_mul_backward_op(dy: torch.Tensor, x: torch.Tensor, activation: str) -> torch.Tensor:
+def _act_and_mul_backward_impl(dy: torch.Tensor, x: torch.Tensor, activation: str) -> torch.Tensor:
     if not coverage.decide(_coverage_name(activation), (x, dy), backward=True):
         return act_and_mul_backward_reference(dy, x, activation).contiguous()
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _launch_backward(rows_view(dy), rows_view(x), rows_view(dx), activation)
     return dx
+
+
+_act_and_mul_backward_op = torch.library.custom_op("sk::act_and_mul_backward", mutates_args=())(
+    _act_and_mul_backward_impl)
 
 
 @_act_and_mul_backward_op.register_fake
@@ -238,11 +246,16 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy):
     (x,) = ctx.saved_tensors
+    # The custom op where torch.compile traces the formula; else its implementation, without the dispatch.
+    backward = _act_and_mul_backward_impl if plain_eager(dy, x) else _act_and_mul_backward_op
     with coverage.backward_of(ctx):
-        return _act_and_mul_backward_op(dy, x, ctx.activation), None
+        return backward(dy, x, ctx.activation), None
 
 
 _act_and_mul_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+_ActAndMulFunction = eager_function(_act_and_mul_impl, _setup_context, _backward)
 
 
 @torch.library.custom_op("sk::act_and_mul_out", mutates_args=("out",))
@@ -260,7 +273,7 @@ def _act_and_mul(op: str, x: torch.Tensor, activation: str, out: torch.Tensor | 
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(f"sk.ops.{op}: x's last dimension must be even ([gate, up] halves); got x {tuple(x.shape)}")
     if out is None:
-        return _act_and_mul_op(x, activation)
+        return _ActAndMulFunction.apply(x, activation) if eager_autograd(x) else _act_and_mul_op(x, activation)
     check_float(op, "out", out)
     check_same_device(op, ("x", "out"), (x, out))
     if tuple(out.shape) != _out_shape(x) or out.dtype != x.dtype:

@@ -32,6 +32,9 @@ from sk.ops._common import (
     check_float,
     check_same_device,
     check_writable,
+    eager_autograd,
+    eager_function,
+    plain_eager,
     refuse_autograd_of_mutating_op,
     rows_view,
 )
@@ -262,14 +265,16 @@ def _shape_miss(name: str, n_cols: int) -> str | None:
     return coverage.limit_miss("hidden size", n_cols, coverage.table()[name].limits.get("max_hidden"))
 
 
-@torch.library.custom_op("sk::rms_norm", mutates_args=())
-def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:
+def _rms_norm_impl(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:
     name = _coverage_name("rms_norm", weight_offset)
     if not coverage.decide(name, (x, weight), shape_miss=_shape_miss(name, x.shape[-1])):
         return rms_norm_reference(x, weight, eps, weight_offset)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _launch(rows_view(x), weight, rows_view(y), eps, weight_offset)
     return y
+
+
+_rms_norm_op = torch.library.custom_op("sk::rms_norm", mutates_args=())(_rms_norm_impl)
 
 
 @_rms_norm_op.register_fake
@@ -279,8 +284,7 @@ def _(x, weight, eps, weight_offset):
 
 
 
-@torch.library.custom_op("sk::rms_norm_backward", mutates_args=())
-def _rms_norm_backward_op(
+def _rms_norm_backward_impl(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, residual_grad: Optional[torch.Tensor], eps: float,
     weight_offset: float, fused: bool, weight_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,6 +300,15 @@ def _rms_norm_backward_op(
     _launch_backward(rows_view(dy), rows_view(x), weight, rows_view(dx), eps, weight_offset,
                      None if residual_grad is None else rows_view(residual_grad), dw if weight_grad else None)
     return dx, dw
+
+
+_rms_norm_backward_op = torch.library.custom_op("sk::rms_norm_backward", mutates_args=())(_rms_norm_backward_impl)
+
+
+def _norm_backward(dy, x, weight, residual_grad, eps, weight_offset, fused, weight_grad):
+    # The custom op where torch.compile traces the formula; else its implementation, without the dispatch.
+    backward = _rms_norm_backward_impl if plain_eager(dy, x, weight, residual_grad) else _rms_norm_backward_op
+    return backward(dy, x, weight, residual_grad, eps, weight_offset, fused, weight_grad)
 
 
 @_rms_norm_backward_op.register_fake
@@ -315,15 +328,23 @@ def _rms_norm_backward(ctx, dy):
     x, weight = ctx.saved_tensors
     need_x, need_w = ctx.needs_input_grad[:2]
     with coverage.backward_of(ctx):
-        dx, dw = _rms_norm_backward_op(dy, x, weight, None, ctx.eps, ctx.weight_offset, False, need_w)
+        dx, dw = _norm_backward(dy, x, weight, None, ctx.eps, ctx.weight_offset, False, need_w)
     return dx if need_x else None, dw if need_w else None, None, None
 
 
 _rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_context)
 
 
-@torch.library.custom_op("sk::fused_add_rms_norm", mutates_args=())
-def _fused_add_rms_norm_op(
+_RmsNormFunction = eager_function(_rms_norm_impl, _rms_norm_setup_context, _rms_norm_backward)
+
+
+def _rms_norm(x, weight, eps: float, weight_offset: float) -> torch.Tensor:
+    if eager_autograd(x, weight):
+        return _RmsNormFunction.apply(x, weight, eps, weight_offset)
+    return _rms_norm_op(x, weight, eps, weight_offset)
+
+
+def _fused_add_rms_norm_impl(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     name = _coverage_name("fused_add_rms_norm", weight_offset)
@@ -333,6 +354,9 @@ def _fused_add_rms_norm_op(
     res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _launch(rows_view(x), weight, rows_view(y), eps, weight_offset, rows_view(residual), rows_view(res_out))
     return y, res_out
+
+
+_fused_add_rms_norm_op = torch.library.custom_op("sk::fused_add_rms_norm", mutates_args=())(_fused_add_rms_norm_impl)
 
 
 @_fused_add_rms_norm_op.register_fake
@@ -356,12 +380,22 @@ def _fused_add_rms_norm_backward(ctx, dy, dh):
     h, weight = ctx.saved_tensors
     need_x, need_r, need_w = ctx.needs_input_grad[:3]
     with coverage.backward_of(ctx):
-        dx, dw = _rms_norm_backward_op(dy, h, weight, dh, ctx.eps, ctx.weight_offset, True, need_w)
+        dx, dw = _norm_backward(dy, h, weight, dh, ctx.eps, ctx.weight_offset, True, need_w)
     # d/dx and d/dresidual of h = x + residual are the same tensor, as torch's add gives both.
     return dx if need_x else None, dx if need_r else None, dw if need_w else None, None, None
 
 
 _fused_add_rms_norm_op.register_autograd(_fused_add_rms_norm_backward, setup_context=_fused_add_rms_norm_setup_context)
+
+
+_FusedAddRmsNormFunction = eager_function(_fused_add_rms_norm_impl, _fused_add_rms_norm_setup_context,
+                                          _fused_add_rms_norm_backward)
+
+
+def _fused_add_rms_norm(x, residual, weight, eps: float, weight_offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if eager_autograd(x, residual, weight):
+        return _FusedAddRmsNormFunction.apply(x, residual, weight, eps, weight_offset)
+    return _fused_add_rms_norm_op(x, residual, weight, eps, weight_offset)
 
 
 @torch.library.custom_op("sk::fused_add_rms_norm_", mutates_args=("x", "residual"))
@@ -417,13 +451,13 @@ def _check(op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """y = x / sqrt(mean(x², -1) + eps) · weight, over the last dimension (fp32 statistics)."""
     _check("rms_norm", x, weight, eps)
-    return _rms_norm_op(x, weight, float(eps), 0.0)
+    return _rms_norm(x, weight, float(eps), 0.0)
 
 
 def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """y = x / sqrt(mean(x², -1) + eps) · (1 + weight): Gemma's RMSNorm, whose weight is stored as an offset."""
     _check("gemma_rms_norm", x, weight, eps)
-    return _rms_norm_op(x, weight, float(eps), GEMMA_OFFSET)
+    return _rms_norm(x, weight, float(eps), GEMMA_OFFSET)
 
 
 def fused_add_rms_norm(
@@ -431,7 +465,7 @@ def fused_add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """h = x + residual; returns (rms_norm(h) · weight, h), with h rounded to x's dtype before normalizing."""
     _check("fused_add_rms_norm", x, weight, eps, residual)
-    return _fused_add_rms_norm_op(x, residual, weight, float(eps), 0.0)
+    return _fused_add_rms_norm(x, residual, weight, float(eps), 0.0)
 
 
 def _fused_add_rms_norm_in_place(op: str, x, residual, weight, eps, weight_offset) -> None:
@@ -439,7 +473,7 @@ def _fused_add_rms_norm_in_place(op: str, x, residual, weight, eps, weight_offse
     if torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad or weight.requires_grad):
         # Mutating custom ops get no autograd: the functional op runs on copies (its saved inputs), copy_ records.
         check_writable(op, ("x", "residual"), (x, residual), op.removesuffix("_"))
-        y, res_out = _fused_add_rms_norm_op(x.clone(), residual.clone(), weight, float(eps), weight_offset)
+        y, res_out = _fused_add_rms_norm(x.clone(), residual.clone(), weight, float(eps), weight_offset)
         residual.copy_(res_out)
         x.copy_(y)
         return
@@ -459,7 +493,7 @@ def gemma_fused_add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """h = x + residual; returns (rms_norm(h) · (1 + weight), h)."""
     _check("gemma_fused_add_rms_norm", x, weight, eps, residual)
-    return _fused_add_rms_norm_op(x, residual, weight, float(eps), GEMMA_OFFSET)
+    return _fused_add_rms_norm(x, residual, weight, float(eps), GEMMA_OFFSET)
 
 
 def gemma_fused_add_rms_norm_(
