@@ -8,21 +8,18 @@ from typing import Callable, Sequence
 import torch
 
 from sk import coverage
+from sk.ops.weight_cache import cacheable
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
-
-
-# Tensors the ops' eager paths take as they are; subclasses (FakeTensor, FunctionalTensor, DTensor, ...) keep
-# torch.library's dispatch, whose fake and functional forms they need.
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def plain_eager(*tensors: torch.Tensor | None) -> bool:
     """Whether a call can run an op's implementation directly rather than through its custom op: not traced by
     torch.compile, no TorchDispatchMode active (FakeTensorMode, profiling modes: they see the custom op), and only
-    plain tensors (None skipped)."""
+    tensors with real memory (`weight_cache.cacheable`: fake, functional and other `__torch_dispatch__` tensors
+    keep torch.library's dispatch, whose fake and functional forms they need; None skipped)."""
     return (not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
-            and all(type(t) in _PLAIN_TENSORS for t in tensors if t is not None))
+            and all(cacheable(t) for t in tensors if t is not None))
 
 
 def eager_autograd(*tensors: torch.Tensor | None) -> bool:
