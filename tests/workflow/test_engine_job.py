@@ -55,6 +55,9 @@ class _RecordingEngine:
         self.log.append("generate")
         return [[1] * r.max_tokens for r in requests], None
 
+    def batch(self, requests):
+        return self.generate(requests, progress=True)[0], {}
+
     def profile(self, run):
         self.log.append("profile")
         run()
