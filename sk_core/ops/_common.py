@@ -43,6 +43,28 @@ def eager_function(impl: Callable, setup_context: Callable, backward: Callable) 
                 {"forward": staticmethod(forward), "backward": staticmethod(backward), "__doc__": impl.__doc__})
 
 
+def _tensors(args) -> list[torch.Tensor]:
+    return [a for a in args if isinstance(a, torch.Tensor)]
+
+
+def eager_or_op(op: Callable, impl: Callable, setup_context: Callable, backward: Callable) -> Callable:
+    """A call of custom op `op` (made from `impl`, with `setup_context` and `backward` registered as its autograd)
+    that runs as its `eager_function` where `eager_autograd` allows, and as `op` elsewhere."""
+    function = eager_function(impl, setup_context, backward)
+
+    def call(*args):
+        return function.apply(*args) if eager_autograd(*_tensors(args)) else op(*args)
+    return call
+
+
+def direct_or_op(op: Callable, impl: Callable) -> Callable:
+    """A call of custom op `op` that runs its implementation `impl` directly where `plain_eager` allows (backward
+    formulas: the op only where torch.compile traces them)."""
+    def call(*args):
+        return impl(*args) if plain_eager(*_tensors(args)) else op(*args)
+    return call
+
+
 def check_float(op: str, name: str, t: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"sk.ops.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")

@@ -20,9 +20,8 @@ from sk import coverage
 from sk.ops._common import (
     check_float,
     check_same_device,
-    eager_autograd,
-    eager_function,
-    plain_eager,
+    direct_or_op,
+    eager_or_op,
     refuse_autograd_of_mutating_op,
     refuse_out_autograd,
     rows_view,
@@ -232,6 +231,9 @@ _act_and_mul_backward_op = torch.library.custom_op("sk::act_and_mul_backward", m
     _act_and_mul_backward_impl)
 
 
+_act_and_mul_backward = direct_or_op(_act_and_mul_backward_op, _act_and_mul_backward_impl)
+
+
 @_act_and_mul_backward_op.register_fake
 def _(dy, x, activation):
     return x.new_empty(x.shape)
@@ -246,16 +248,14 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy):
     (x,) = ctx.saved_tensors
-    # The custom op where torch.compile traces the formula; else its implementation, without the dispatch.
-    backward = _act_and_mul_backward_impl if plain_eager(dy, x) else _act_and_mul_backward_op
     with coverage.backward_of(ctx):
-        return backward(dy, x, ctx.activation), None
+        return _act_and_mul_backward(dy, x, ctx.activation), None
 
 
 _act_and_mul_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-_ActAndMulFunction = eager_function(_act_and_mul_impl, _setup_context, _backward)
+_act_and_mul_call = eager_or_op(_act_and_mul_op, _act_and_mul_impl, _setup_context, _backward)
 
 
 @torch.library.custom_op("sk::act_and_mul_out", mutates_args=("out",))
@@ -273,7 +273,7 @@ def _act_and_mul(op: str, x: torch.Tensor, activation: str, out: torch.Tensor | 
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(f"sk.ops.{op}: x's last dimension must be even ([gate, up] halves); got x {tuple(x.shape)}")
     if out is None:
-        return _ActAndMulFunction.apply(x, activation) if eager_autograd(x) else _act_and_mul_op(x, activation)
+        return _act_and_mul_call(x, activation)
     check_float(op, "out", out)
     check_same_device(op, ("x", "out"), (x, out))
     if tuple(out.shape) != _out_shape(x) or out.dtype != x.dtype:

@@ -32,9 +32,8 @@ from sk.ops._common import (
     check_float,
     check_same_device,
     check_writable,
-    eager_autograd,
-    eager_function,
-    plain_eager,
+    direct_or_op,
+    eager_or_op,
     refuse_autograd_of_mutating_op,
     rows_view,
 )
@@ -305,10 +304,7 @@ def _rms_norm_backward_impl(
 _rms_norm_backward_op = torch.library.custom_op("sk::rms_norm_backward", mutates_args=())(_rms_norm_backward_impl)
 
 
-def _norm_backward(dy, x, weight, residual_grad, eps, weight_offset, fused, weight_grad):
-    # The custom op where torch.compile traces the formula; else its implementation, without the dispatch.
-    backward = _rms_norm_backward_impl if plain_eager(dy, x, weight, residual_grad) else _rms_norm_backward_op
-    return backward(dy, x, weight, residual_grad, eps, weight_offset, fused, weight_grad)
+_norm_backward = direct_or_op(_rms_norm_backward_op, _rms_norm_backward_impl)
 
 
 @_rms_norm_backward_op.register_fake
@@ -335,13 +331,7 @@ def _rms_norm_backward(ctx, dy):
 _rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_context)
 
 
-_RmsNormFunction = eager_function(_rms_norm_impl, _rms_norm_setup_context, _rms_norm_backward)
-
-
-def _rms_norm(x, weight, eps: float, weight_offset: float) -> torch.Tensor:
-    if eager_autograd(x, weight):
-        return _RmsNormFunction.apply(x, weight, eps, weight_offset)
-    return _rms_norm_op(x, weight, eps, weight_offset)
+_rms_norm = eager_or_op(_rms_norm_op, _rms_norm_impl, _rms_norm_setup_context, _rms_norm_backward)
 
 
 def _fused_add_rms_norm_impl(
@@ -388,14 +378,8 @@ def _fused_add_rms_norm_backward(ctx, dy, dh):
 _fused_add_rms_norm_op.register_autograd(_fused_add_rms_norm_backward, setup_context=_fused_add_rms_norm_setup_context)
 
 
-_FusedAddRmsNormFunction = eager_function(_fused_add_rms_norm_impl, _fused_add_rms_norm_setup_context,
-                                          _fused_add_rms_norm_backward)
-
-
-def _fused_add_rms_norm(x, residual, weight, eps: float, weight_offset: float) -> tuple[torch.Tensor, torch.Tensor]:
-    if eager_autograd(x, residual, weight):
-        return _FusedAddRmsNormFunction.apply(x, residual, weight, eps, weight_offset)
-    return _fused_add_rms_norm_op(x, residual, weight, eps, weight_offset)
+_fused_add_rms_norm = eager_or_op(_fused_add_rms_norm_op, _fused_add_rms_norm_impl,
+                                  _fused_add_rms_norm_setup_context, _fused_add_rms_norm_backward)
 
 
 @torch.library.custom_op("sk::fused_add_rms_norm_", mutates_args=("x", "residual"))
