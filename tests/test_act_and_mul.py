@@ -46,6 +46,23 @@ def test_kernel_matches_reference(lead, d, dtype, activation):
     assert (y.double() - want).norm().item() <= TOLERANCE[dtype] * want.norm().item() + erf_slack
 
 
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_large_problem_launch_with_a_width_past_one_block(activation):
+    # Past SMALL_PROBLEM outputs the forward takes blocks of up to LARGE_BLOCK columns: 64 rows of 16385 is
+    # just past it, and a width one past a block leaves a second block of one live column.
+    from sk.ops.act_and_mul import LARGE_BLOCK, SMALL_PROBLEM
+    rows, d = 64, LARGE_BLOCK + 1
+    assert rows * d > SMALL_PROBLEM
+    x = inputs((rows,), d, torch.float32)
+    with sk.coverage.strict():
+        y = ACTIVATIONS[activation](x)
+    want = fp64_act_and_mul(x, activation)
+    g, u = x.double().chunk(2, dim=-1)
+    erf_slack = 0.75e-7 * (g * u).norm().item() if activation == "gelu" else 0.0
+    assert (y.double() - want).norm().item() <= TOLERANCE[torch.float32] * want.norm().item() + erf_slack
+    check_backward(x, activation)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_out_argument_is_written_and_returned(dtype):
     x = inputs((7,), 1023, dtype)

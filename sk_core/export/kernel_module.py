@@ -37,8 +37,8 @@ FAMILIES = {
     "rms_norm": KernelSource("sk.ops.rms_norm", ("GEMMA_OFFSET", "_rms_norm_kernel", "_launch_config", "_launch")),
     "act_and_mul": KernelSource(
         "sk.ops.act_and_mul",
-        ("_SQRT_HALF", "_SQRT_2_OVER_PI", "_erf", "activate", "_act_and_mul_kernel", "SMALL_PROBLEM", "launch_config",
-         "_launch"),
+        ("_SQRT_HALF", "_SQRT_2_OVER_PI", "_erf", "activate", "_act_and_mul_kernel", "SMALL_PROBLEM", "LARGE_BLOCK",
+         "launch_config", "_launch"),
     ),
 }
 # Names both families define: suffixed with the family in the generated module.
