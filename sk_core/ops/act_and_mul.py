@@ -103,17 +103,18 @@ def _act_and_mul_backward_kernel(
 SMALL_PROBLEM = 1 << 20
 
 
-# Above SMALL_PROBLEM, rows wider than 2048 take one block of up to 16384 columns at 16 elements a thread: at
-# 16384 × 14336 bf16, 322 µs against 336 µs for (2048, 8 warps) (results/h200/ops, 2026-12-03, forward sweep).
+# Above SMALL_PROBLEM, SiLU's rows wider than 2048 take one block of up to 16384 columns at 16 elements a thread:
+# at 16384 × 14336 bf16, 322 µs against 336 µs for (2048, 8 warps) (results/h200/ops, 2026-12-03, third pass).
+# The GELU forwards were not timed with it and keep (2048, 8).
 LARGE_BLOCK = 16384
 
 
-def launch_config(n_rows: int, d: int) -> tuple[int, int]:
-    """(BLOCK, num_warps): 8 contiguous elements per thread (16-byte bf16 accesses), 16 in blocks past 2048."""
+def launch_config(n_rows: int, d: int, activation: str = "silu") -> tuple[int, int]:
+    """(BLOCK, num_warps): 8 contiguous elements per thread (16-byte bf16 accesses); 16 in SiLU's wide blocks."""
     if n_rows * d <= SMALL_PROBLEM:
         block = min(512, triton.next_power_of_2(d))
     else:
-        block = min(LARGE_BLOCK, triton.next_power_of_2(d))
+        block = min(LARGE_BLOCK if activation == "silu" else 2048, triton.next_power_of_2(d))
         if block > 2048:
             return block, min(32, block // 512)
     return block, max(1, min(8, block // 256))
@@ -123,7 +124,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, activation: str) -> None:
     n_rows, d = y2.shape
     if n_rows == 0 or d == 0:
         return
-    block, num_warps = launch_config(n_rows, d)
+    block, num_warps = launch_config(n_rows, d, activation)
     _act_and_mul_kernel[(n_rows, triton.cdiv(d, block))](
         x2, x2.stride(0), y2, y2.stride(0), n_rows, d, ACT=activation, BLOCK=block, num_warps=num_warps
     )
@@ -143,7 +144,7 @@ BACKWARD_NUM_WARPS = 16
 
 def _backward_launch_config(n_rows: int, d: int, activation: str) -> tuple[int, int]:
     if n_rows * d <= SMALL_PROBLEM or activation == "gelu":
-        return launch_config(n_rows, d)
+        return launch_config(n_rows, d, activation)
     block = min(BACKWARD_BLOCK, triton.next_power_of_2(d))
     return block, max(1, min(BACKWARD_NUM_WARPS, block // 256))  # narrow rows: fewer warps, as the forward's
 
