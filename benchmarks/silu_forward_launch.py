@@ -9,6 +9,8 @@ Kept as it ran: its own plain timing loop (graphs taken in a fixed order), not s
 import json, sys, statistics
 import torch, triton, triton.language as tl
 
+from silu_components import graphed  # the script beside this one (run from the repository root)
+
 M, N = int(sys.argv[2]), int(sys.argv[3])
 
 
@@ -34,15 +36,6 @@ def fwd_sep_kernel(a_ptr, b_ptr, y_ptr, d, BLOCK: tl.constexpr):
     g = tl.load(a_ptr + row * d + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(b_ptr + row * d + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * d + cols, (g * tl.sigmoid(g) * u).to(tl.bfloat16), mask=mask)
-
-
-def graphed(fn, calls=20):
-    fn(); torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    return g
 
 
 x = torch.randn(M, 2 * N, device="cuda", dtype=torch.bfloat16)
