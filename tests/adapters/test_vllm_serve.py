@@ -109,10 +109,11 @@ def test_sigterm_answers_long_requests_and_collects_every_report(trained_server)
             outcomes.append(("lost", repr(e), time.monotonic()))
 
     clients = [threading.Thread(target=long_request) for _ in range(6)]
+    generating_wall = time.time()
     for c in clients:
         c.start()
     time.sleep(2)  # all six are generating: 4000 tokens each take far longer than the drain on a CPU
-    stopped, stopped_wall = time.monotonic(), time.time()
+    stopped = time.monotonic()
     trained_server.proc.send_signal(signal.SIGTERM)
     for c in clients:
         c.join(timeout=DRAIN_S + ANSWER_MARGIN_S + 60)
@@ -130,8 +131,9 @@ def test_sigterm_answers_long_requests_and_collects_every_report(trained_server)
     # MainProcess: the API server (and vLLM's model-registry subprocess on a cold cache)
     assert {r["process"] for r in found} == {"EngineCore", "MainProcess", "VllmWorker-0"}
     (worker,) = [r for r in found if r["rank"] == 0]
-    # vLLM SIGKILLed the worker at the drain deadline: this is the report it kept written while generating.
-    assert (trained_server.reports / f"vllm-{worker['pid']}.json").stat().st_mtime >= stopped_wall
+    # vLLM SIGKILLed the worker at the drain deadline: this is the report it kept written while generating (its
+    # last periodic write may fall just before the SIGTERM on a loaded machine: CI, 2026-12-04, 40 ms before).
+    assert (trained_server.reports / f"vllm-{worker['pid']}.json").stat().st_mtime >= generating_wall
     assert sum(f["count"] for f in worker["coverage"]["fallbacks"]) > 1000  # ops of the drained decode steps
     summary = output[output.index("  fallbacks by op and reason"):].splitlines()[1:]
     # The MLPs are fused blocks (their activation inside): the worker's line says so at exit.
