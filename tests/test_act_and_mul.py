@@ -28,38 +28,37 @@ def test_reference_matches_fp64_math(activation, dtype):
     assert rel_err(act_and_mul_reference(x, activation), fp64_act_and_mul(x, activation)) < TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("d", WIDTHS)
-@pytest.mark.parametrize("lead", [(1,), (3,), (2, 5)])
-def test_kernel_matches_reference(lead, d, dtype, activation):
-    x = inputs(lead, d, dtype)
+def check_forward(x, activation):
+    """The kernel's output (strict: no fallback) against fp64, within the dtype's tolerance."""
     with sk.coverage.strict():
         y = ACTIVATIONS[activation](x)
-    assert y.shape == (*lead, d) and y.dtype == dtype
+    assert y.shape == (*x.shape[:-1], x.shape[-1] // 2) and y.dtype == x.dtype
     want = fp64_act_and_mul(x, activation)
     # The kernel's erf (Abramowitz & Stegun 7.1.26) is within 1.5e-7 of erf, so an output may be off by
     # 0.75e-7·|g·u| on top of its rounding: large relative to y = g·Φ(g)·u in GELU's negative tail, where
     # 1 + erf cancels (as in PyTorch's own fp32 gelu, at libdevice's accuracy). That slack is allowed.
     g, u = x.double().chunk(2, dim=-1)
     erf_slack = 0.75e-7 * (g * u).norm().item() if activation == "gelu" else 0.0
-    assert (y.double() - want).norm().item() <= TOLERANCE[dtype] * want.norm().item() + erf_slack
+    assert (y.double() - want).norm().item() <= TOLERANCE[x.dtype] * want.norm().item() + erf_slack
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", WIDTHS)
+@pytest.mark.parametrize("lead", [(1,), (3,), (2, 5)])
+def test_kernel_matches_reference(lead, d, dtype, activation):
+    check_forward(inputs(lead, d, dtype), activation)
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_large_problem_launch_with_a_width_past_one_block(activation):
-    # Past SMALL_PROBLEM outputs the forward takes blocks of up to LARGE_BLOCK columns: 64 rows of 16385 is
-    # just past it, and a width one past a block leaves a second block of one live column.
+    # Past SMALL_PROBLEM outputs SiLU's forward takes blocks of up to LARGE_BLOCK columns (the GELUs 2048, the
+    # backwards their own): 64 rows of 16385 is just past it, and a second block holds one live column.
     from sk.ops.act_and_mul import LARGE_BLOCK, SMALL_PROBLEM
     rows, d = 64, LARGE_BLOCK + 1
     assert rows * d > SMALL_PROBLEM
     x = inputs((rows,), d, torch.float32)
-    with sk.coverage.strict():
-        y = ACTIVATIONS[activation](x)
-    want = fp64_act_and_mul(x, activation)
-    g, u = x.double().chunk(2, dim=-1)
-    erf_slack = 0.75e-7 * (g * u).norm().item() if activation == "gelu" else 0.0
-    assert (y.double() - want).norm().item() <= TOLERANCE[torch.float32] * want.norm().item() + erf_slack
+    check_forward(x, activation)
     check_backward(x, activation)
 
 
