@@ -7,7 +7,9 @@
 # into OUTDIR. With QuACK's staged parts (ci/gpu/cute.sh) in $SK_CUTE_DIR (default .cute-flat),
 # fused_pre_norm_geglu runs its CuTe-DSL GEMMs.
 # Set SK_GPU_STEPS to a subset of "tests tune bench geglu training" to run less (or, for "training", more:
-# the training-ops benchmark with its launch sweep and the sk.nn.swap training run, not in the default set).
+# the training-ops benchmark with its launch sweep and the sk.nn.swap training run, not in the default set;
+# "training-tests": the training kernels' test files alone; "training-bench": the training-ops benchmark alone,
+# every size, torch.compile included).
 set -uo pipefail
 out=${1:?usage: ci/gpu/run.sh OUTDIR}
 mkdir -p "$out"
@@ -37,6 +39,10 @@ for step in $steps; do
     geglu) [ -f benchmarks/bench_geglu.py ] && python3 benchmarks/bench_geglu.py "$out" 2>&1 | tee "$out/geglu.log" ;;
     training) python3 benchmarks/bench_training_ops.py --sweep --out "$out/training" 2>&1 | tee "$out/training.log"
               python3 benchmarks/train_swap.py --out "$out/training" 2>&1 | tee "$out/train_swap.log" ;;
+    training-tests) python3 -m pytest -q -p no:cacheprovider -rf tests/test_rms_norm.py tests/test_act_and_mul.py \
+                      tests/test_nn_swap.py tests/test_autograd_audit.py 2>&1 | tee "$out/training_tests.log"
+                    status=$((status | ${PIPESTATUS[0]})) ;;
+    training-bench) python3 benchmarks/bench_training_ops.py --out "$out/training" 2>&1 | tee "$out/training.log" ;;
   esac
 done
 exit $status

@@ -33,8 +33,9 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_MEM_FRACTION_STATIC = 0.8
 # SGLang's schedulers write the profiler's trace after stop_profile returns.
 TRACE_WAIT_S = 120
-# Log-probabilities kept per generated position in MATCH: enough to rank both engines' tokens at a divergence.
-MATCH_TOP_LOGPROBS = 5
+# Log-probabilities kept per generated position in MATCH: enough to rank both engines' tokens at a divergence
+# (vLLM's default max_logprobs; 5 left a 0.125-nat near-tie unjudged on the H200, results/h200/engines, 2026-12-04).
+MATCH_TOP_LOGPROBS = 20
 # An engine that has just returned a batch may still be retiring it: how long a prefix-cache reset is retried.
 RESET_TRIES, RESET_PAUSE_S = 100, 0.1
 _DEVNULL = open(os.devnull, "w")

@@ -63,6 +63,14 @@ def _logprob(top: list | None, seq: int, position: int, token: int | None) -> fl
         return None
 
 
+def _lowest_kept(top: list | None, seq: int, position: int) -> float | None:
+    """The smallest log-probability one engine kept at (seq, position): a token outside its list is at most this."""
+    try:
+        return min(lp for _, lp in top[seq][position])
+    except (TypeError, IndexError, ValueError):
+        return None
+
+
 def disagreement(baseline_gap: float | None, candidate_gap: float | None) -> float | None:
     """How far two engines disagree on log p(a) − log p(b) at a divergence, a the baseline's token and b the
     candidate's: the baseline's gap log p_B(a) − log p_B(b) plus the candidate's log p_C(b) − log p_C(a)
@@ -75,7 +83,7 @@ def judge_divergences(baseline: dict, candidate: dict, tie_nats: float) -> dict:
     log-probabilities hold both tokens and their `disagreement` is at most `tie_nats`, else a mismatch (also
     where a sequence is shorter, or where an engine returned no log-probabilities). {"near_ties", "mismatches",
     "divergences": per differing sequence its position, tokens, both gaps and their disagreement (nats, None
-    where a token is outside the top ones) and its kind}."""
+    where a token is outside the top ones; then `disagreement_at_least_nats` bounds it from below) and its kind}."""
     divergences = []
     for seq, (b, c) in enumerate(zip(baseline["tokens"], candidate["tokens"])):
         if b == c:
@@ -83,16 +91,21 @@ def judge_divergences(baseline: dict, candidate: dict, tie_nats: float) -> dict:
         position = next((i for i, (x, y) in enumerate(zip(b, c)) if x != y), min(len(b), len(c)))
         b_token = b[position] if position < len(b) else None
         c_token = c[position] if position < len(c) else None
-        gaps = []
+        gaps, floors = [], []
         for top, own, other in ((baseline.get("top_logprobs"), b_token, c_token),
                                 (candidate.get("top_logprobs"), c_token, b_token)):
             mine, theirs = _logprob(top, seq, position, own), _logprob(top, seq, position, other)
             gaps.append(None if mine is None or theirs is None else mine - theirs)
+            lowest = _lowest_kept(top, seq, position) if theirs is None else theirs
+            floors.append(None if mine is None or lowest is None else max(mine - lowest, 0.0))
         apart = disagreement(*gaps)
         near_tie = None not in (b_token, c_token) and apart is not None and abs(apart) <= tie_nats
         divergences.append({"sequence": seq, "position": position, "baseline_token": b_token,
                             "candidate_token": c_token, "baseline_gap_nats": gaps[0], "candidate_gap_nats": gaps[1],
-                            "disagreement_nats": apart, "kind": "near-tie" if near_tie else "mismatch"})
+                            "disagreement_nats": apart,
+                            # a token outside a list is at least as far below as the list's last entry
+                            "disagreement_at_least_nats": disagreement(*floors) if apart is None else apart,
+                            "kind": "near-tie" if near_tie else "mismatch"})
     near_ties = sum(d["kind"] == "near-tie" for d in divergences)
     return {"near_ties": near_ties, "mismatches": len(divergences) - near_ties, "divergences": divergences}
 
@@ -174,6 +187,8 @@ def _gaps(d: dict) -> str:
     def gap(value):
         return "outside the top log-probabilities" if value is None else f"{value:.3f} nats"
     total = "" if d.get("disagreement_nats") is None else f" (disagreement {d['disagreement_nats']:.3f})"
+    if d.get("disagreement_nats") is None and d.get("disagreement_at_least_nats") is not None:
+        total = f" (disagreement at least {d['disagreement_at_least_nats']:.3f})"
     return f"; gaps: baseline {gap(d['baseline_gap_nats'])}, candidate {gap(d['candidate_gap_nats'])}{total}"
 
 

@@ -56,6 +56,9 @@ def test_a_divergence_at_a_near_tie_is_told_from_a_mismatch():
     assert tie["baseline_gap_nats"] == pytest.approx(0.05) and tie["candidate_gap_nats"] == pytest.approx(0.03)
     assert wrong["kind"] == "mismatch" and wrong["baseline_gap_nats"] == pytest.approx(2.0)
     assert outside["kind"] == "mismatch" and outside["baseline_gap_nats"] is None
+    # Token 2 is outside the baseline's list, so its gap is at least 9's -0.2 down to the list's last, -3.0.
+    assert outside["disagreement_at_least_nats"] == pytest.approx(2.8 + 0.05)
+    assert tie["disagreement_at_least_nats"] == pytest.approx(tie["disagreement_nats"])
     # A tolerance of 0 counts every difference; a looser one takes sequence 1 in.
     assert evaluate.judge_divergences(base, cand, tie_nats=0.0)["mismatches"] == 3
     assert evaluate.judge_divergences(base, cand, tie_nats=2.5)["near_ties"] == 2

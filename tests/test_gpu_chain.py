@@ -1,0 +1,70 @@
+"""ci/gpu/chain.sh, the device session's background chain, driven as the device tool's calls drive it: start with
+the first staged part, the other parts, polls; run.sh and engines.sh replaced by stand-ins that record their
+calls (the real ones need the GPU host)."""
+import os
+import pathlib
+import shutil
+import subprocess
+import tarfile
+
+ROOT = pathlib.Path(__file__).parents[1]
+
+RUN_SH = 'mkdir -p "$1"; echo "run $SK_GPU_STEPS X=${X:-}" > "$1/ran.txt"\n'
+ENGINES_SH = """if [ "$1" = install ]; then ls .gpu-flat/; exit 0; fi
+mkdir -p "$2/s/$1"; echo "engine $1 Y=${Y:-}" > "$2/s/$1/ran.txt"; tar czf "$2/$1.tgz" -C "$2/s" "$1"; exit 1
+"""
+
+
+def chain(tree, work, *args, out=None):
+    env = dict(os.environ, SK_CHAIN_DIR=str(work), **({"OUT": str(out)} if out else {}))
+    return subprocess.run(["bash", "ci/gpu/chain.sh", *args], cwd=tree, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def make_tree(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "ci/gpu").mkdir(parents=True)
+    shutil.copy(ROOT / "ci/gpu/chain.sh", tree / "ci/gpu/chain.sh")
+    (tree / "ci/gpu/run.sh").write_text(RUN_SH)
+    (tree / "ci/gpu/engines.sh").write_text(ENGINES_SH)
+    for part, name in (("part1", "a.whl"), ("part2", "b.whl")):
+        (tree / ".gpu-stage" / part).mkdir(parents=True)
+        (tree / ".gpu-stage" / part / name).write_text(name)
+    return tree
+
+
+def test_the_chain_runs_its_plan_in_order_and_installs_the_engines_once_every_part_is_in(tmp_path):
+    tree, work, out = make_tree(tmp_path), tmp_path / "chain", tmp_path / "out"
+    out.mkdir()
+    (tree / "plan.txt").write_text("# a comment\nX=1 gpu:tests\n\nY=2 selftest-x\nY=2 selftest-x\nY=3 pair-x\n")
+    assert chain(tree, work, "start", "plan.txt", ".gpu-stage/part1").returncode == 0
+    first = chain(tree, work, "poll", "30", "begin 2", out=out)
+    assert "end 1 gpu:tests exit 0" in first.stdout and "engines installed" not in first.stdout
+    # The remaining steps can be replaced while the chain waits for the parts.
+    assert chain(tree, work, "plan", "Y=2 selftest-x").returncode == 0
+    assert "2 files staged" in chain(tree, work, "part", ".gpu-stage/part2", "--last").stdout
+    done = chain(tree, work, "poll", "60", "chain end", out=out)
+    assert "chain end" in done.stdout and done.stdout.count("begin 3 Y=2 selftest-x") == 1
+    assert "pair-x" not in done.stdout  # replaced before it began; the same line again runs again
+    assert (work / "res/install.log").read_text().split() == ["a.whl", "b.whl"]
+    assert sorted(p.name for p in out.iterdir()) == ["1-tests.tgz", "2-selftest-x.log", "2-selftest-x.tgz",
+                                                     "3-selftest-x.log", "3-selftest-x.tgz", "install.log"]
+    with tarfile.open(out / "1-tests.tgz") as archive:
+        assert archive.extractfile("./tests/ran.txt").read().decode().strip() == "run tests X=1"
+    with tarfile.open(out / "3-selftest-x.tgz") as archive:
+        assert archive.extractfile("selftest-x/ran.txt").read().decode().strip() == "engine selftest-x Y=2"
+    assert "end 3 selftest-x exit 1" in done.stdout
+
+
+def test_a_bare_host_answers_at_once_and_bad_calls_name_what_is_missing(tmp_path):
+    tree, work = make_tree(tmp_path), tmp_path / "chain"
+    for args in (("poll", "600", "x"), ("part", ".gpu-stage/part2"), ("plan", "gpu:tests")):
+        bare = chain(tree, work, *args)
+        assert (bare.returncode, bare.stdout.strip()) == (3, "BARE HOST")
+    missing = chain(tree, work, "start", "no-plan.txt")
+    assert missing.returncode == 2 and "no plan file 'no-plan.txt'" in missing.stderr
+    (tree / "plan.txt").write_text("gpu:tests\n")
+    assert chain(tree, work, "start", "plan.txt").returncode == 0  # no engine step: no part needed
+    assert "end 1 gpu:tests exit 0" in chain(tree, work, "poll", "30", "chain end").stdout
+    wrong = chain(tree, work, "part", ".gpu-stage/part9")
+    assert wrong.returncode == 2 and "no staged part folder '.gpu-stage/part9'" in wrong.stderr
