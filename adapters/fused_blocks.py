@@ -134,6 +134,17 @@ def shard_miss(norm_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Ten
     return None
 
 
+def kernel_gap(norm: str, gate_up_weight: torch.Tensor) -> str | None:
+    """Why a GPU layer keeps the engine's path: the op has no kernel for its device, dtype or shape (its PyTorch
+    reference would run, slower than the engine's own kernels), or None. On CPU the layer is fused all the same:
+    there the engine's path is PyTorch too, and the op's reference (recorded) is what the CPU engine tests run."""
+    if gate_up_weight.device.type == "cpu":
+        return None
+    d_model, d_ff = gate_up_weight.shape[1], gate_up_weight.shape[0] // 2
+    miss = sk.ops.gated_mlp.kernel_miss(gate_up_weight, norm, d_model, d_ff)
+    return None if miss is None else f"no fused_gated_mlp kernel covers it ({miss})"
+
+
 def plan_projections(norm_attr: str, norm: str, norm_module: torch.nn.Module, mlp: torch.nn.Module,
                      unquantized: tuple[str, ...], reduce_results: bool) -> Plan | str:
     """The engine-independent half of a layer's plan, once its norm is known to be `norm`: activation,
@@ -147,6 +158,9 @@ def plan_projections(norm_attr: str, norm: str, norm_module: torch.nn.Module, ml
             return miss
     gate_up, down = mlp.gate_up_proj, mlp.down_proj
     miss = shard_miss(norm_module.weight, gate_up.weight, down.weight)
+    if miss:
+        return miss
+    miss = kernel_gap(norm, gate_up.weight)
     if miss:
         return miss
     return Plan(norm_attr=norm_attr, norm=norm, activation=activation, eps=float(norm_module.variance_epsilon),

@@ -96,10 +96,10 @@ SETTINGS: dict[str, Setting] = {
         "`0`: the kernels of `fused_gated_mlp` launch in plain stream order instead of as programmatic dependent "
         "launches (Hopper) where their config asks for them. Off under the Triton interpreter."),
     "fused_mlp": Setting(
-        "SK_FUSED_MLP", "0", _flag,
+        "SK_FUSED_MLP", "1", _flag,
         "`1`: the engine adapters make each decoder layer's post-attention norm + MLP one `fused_gated_mlp` call "
-        "(opt-in until its bf16 token parity and paired speed are measured in both engines on the H200); `0`: the "
-        "engine's own layers run them, with our norm and activation ops. Read by every engine process.",
+        "(on a GPU, where the op has a kernel for the layer's dtype and shape); `0`: the engine's own layers run "
+        "them, with our norm and activation ops (the A/B switch). Read by every engine process.",
         live=True),
     "step_graphs": Setting(
         "SK_STEP_GRAPHS", "1", _flag,

@@ -21,7 +21,7 @@ from sk.adapters.vllm import fused_blocks as vllm_blocks
 
 @pytest.fixture(autouse=True)
 def _fused_blocks_on(settings_override):
-    settings_override(fused_mlp=True)  # opt-in (SK_FUSED_MLP=1); the switch-off test overrides it back
+    settings_override(fused_mlp=True)  # the default (SK_FUSED_MLP=1); the switch-off test overrides it back
 
 
 D, FF = 32, 48
@@ -190,6 +190,30 @@ def test_uncovered_layers_keep_the_engine_path_with_the_reason():
     lora = Model([_layer()])
     plans = vllm_blocks.plan_model(lora, type("Cfg", (), {"lora_config": object()})(), cpu=False)
     assert plans == {"layers.0": "LoRA is enabled (vLLM wraps the linears after loading)"}
+
+
+def test_gpu_layers_without_a_kernel_keep_the_engine_path():
+    # Off the CPU a layer no kernel covers (device, dtype, shape) would run the op's PyTorch reference, slower
+    # than the engine's own kernels: it keeps the engine's path. Meta tensors stand for such a device here.
+    layer = _layer().to("meta")
+    blocks = _fuse(Model([layer]))
+    assert blocks.fused == {} and blocks.engine_path == {
+        "layers.0": "LlamaDecoderLayer: no fused_gated_mlp kernel covers it (device type 'meta' has no kernels)"}
+    assert not isinstance(layer.mlp, fused_blocks.MlpComputedByNorm)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an SM90 GPU (the op's kernels)")
+def test_gpu_bf16_layers_are_fused_and_fp32_layers_keep_the_engine_path():
+    covered, fp32 = _layer().to("cuda", torch.bfloat16), _layer().to("cuda")
+    blocks = _fuse(Model([covered, fp32]))
+    assert list(blocks.fused) == ["layers.0"]
+    assert blocks.engine_path["layers.1"].startswith("LlamaDecoderLayer: no fused_gated_mlp kernel covers it (dtype")
+    x, residual = torch.randn(3, D, device="cuda", dtype=torch.bfloat16), torch.randn(3, D, device="cuda",
+                                                                                      dtype=torch.bfloat16)
+    sk.coverage.reset()
+    covered(x, residual)
+    assert sk.coverage.report()["kernel_calls"].get("fused_gated_mlp/rms") == 1
 
 
 def test_strict_mode_makes_an_uncovered_layer_an_error_naming_it():

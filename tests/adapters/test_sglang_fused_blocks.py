@@ -27,7 +27,7 @@ from sk.adapters import fused_blocks
 
 @pytest.fixture(autouse=True)
 def _fused_blocks_on(settings_override):
-    settings_override(fused_mlp=True)  # opt-in (SK_FUSED_MLP=1); the switch-off test overrides it back
+    settings_override(fused_mlp=True)  # the default (SK_FUSED_MLP=1); the switch-off test overrides it back
 
 
 D, FF = 32, 48

@@ -28,9 +28,9 @@ MODES = ("eager", "compiled")
 # Adapter variants: the environment that switches them on.
 VARIANTS = {
     "stock": {},
-    "sk-torch": {"SK_ADAPTERS": "vllm", "SK_FUSED_MLP": "1"},
-    "sk-triton": {"SK_ADAPTERS": "vllm", "SK_FUSED_MLP": "1", "TRITON_INTERPRET": "1"},
-    "sk-unfused": {"SK_ADAPTERS": "vllm"},  # the default: SK_FUSED_MLP=0
+    "sk-torch": {"SK_ADAPTERS": "vllm"},  # the default: SK_FUSED_MLP=1
+    "sk-triton": {"SK_ADAPTERS": "vllm", "TRITON_INTERPRET": "1"},
+    "sk-unfused": {"SK_ADAPTERS": "vllm", "SK_FUSED_MLP": "0"},
 }
 # The sk.coverage op names each model style must show in the worker: norms, and the fused block that stands
 # for post_attention_layernorm + MLP (the activation runs inside it).

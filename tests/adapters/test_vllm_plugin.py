@@ -173,7 +173,7 @@ def unknown_decoder_layout_refused():
     layers = support.FUSED_DECODER_LAYERS["vllm.model_executor.models.llama"]
     layers["LlamaDecoderLayer"] = "input_layernorm"
     try:
-        with sk.settings.override(fused_mlp=True):  # the fused blocks are opt-in
+        with sk.settings.override(fused_mlp=True):  # the default, whatever this process's environment says
             support.check_installed_vllm()
     except support.UnsupportedVllmError as e:
         assert "vllm.model_executor.models.llama.LlamaDecoderLayer.forward does not end with input_layernorm" \

@@ -79,7 +79,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def trained_server(vllm_python, engine_env, tmp_path_factory):
-    server = Server(vllm_python, {**engine_env, "SK_FUSED_MLP": "1"}, tmp_path_factory.mktemp("sk-serve"),
+    server = Server(vllm_python, engine_env, tmp_path_factory.mktemp("sk-serve"),
                     "--shutdown-timeout", str(DRAIN_S), max_model_len=4096)
     yield server
     server.stop()

@@ -29,7 +29,7 @@ def test_strict_fallback_in_worker_fails_the_engine(vllm_python, engine_env, tmp
 def test_strict_uncovered_decoder_layer_fails_naming_it(vllm_python, engine_env, tmp_path):
     # vLLM's LoRA support wraps the linears after loading: the fused block cannot stand in for them, so each
     # decoder layer keeps vLLM's norm + MLP, which strict mode refuses at load, naming the first layer.
-    env = {**engine_env, "SK_ADAPTERS": "vllm", "SK_STRICT": "1", "SK_FUSED_MLP": "1"}
+    env = {**engine_env, "SK_ADAPTERS": "vllm", "SK_STRICT": "1"}
     done = subprocess.run([vllm_python, str(DRIVER), "--style", "llama", "--mode", "eager", "--enable-lora",
                            "--out", str(tmp_path / "tokens.json")],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)

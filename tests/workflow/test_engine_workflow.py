@@ -109,7 +109,8 @@ def test_eval_prints_both_summaries_with_matching_tokens(runs):
     assert result["settings"]["order"] == "ABBA"
     # The candidate really ran our ops in the engine's worker (on CPU: their PyTorch path, recorded as such).
     assert result["adapter"]["workers"] == 1
-    assert {"rms_norm", "fused_add_rms_norm", "silu_and_mul"} <= set(result["adapter"]["fallbacks"])
+    # The decoder layers' norm + MLP run as one fused_gated_mlp call (the fused blocks are on by default).
+    assert {"rms_norm", "fused_add_rms_norm", "fused_gated_mlp/rms"} <= set(result["adapter"]["fallbacks"])
 
 
 @pytest.mark.vllm

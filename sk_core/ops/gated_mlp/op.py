@@ -42,6 +42,13 @@ def shape_miss(norm: str, d: int, ff: int) -> str | None:
             or coverage.limit_miss("d_ff", ff, limits.get("max_d_ff")))
 
 
+def kernel_miss(x: torch.Tensor, norm: str, d_model: int, d_ff: int) -> str | None:
+    """Why a call on activations like `x` (its device and dtype) with this (d_model, d_ff) would run the PyTorch
+    reference instead of the kernels, or None when the kernels cover it. Records nothing: for planning (the engine
+    adapters decide per layer, once, whether the fused block pays)."""
+    return coverage.miss_reason(coverage_name(norm), x, shape_miss=shape_miss(norm, d_model, d_ff))
+
+
 # ----------------------------------------------------------------------------------------------- custom op
 
 def _reference_2d(x, residual, norm_weight, norm_bias, gate_up_weight, gate_up_bias, down_weight, down_bias, eps,
