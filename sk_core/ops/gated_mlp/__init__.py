@@ -11,25 +11,30 @@ Modules, one op's kernel → reference → custom op → autograd → API apart 
 - engine form (`fused_gated_mlp`): `reference` (the PyTorch computation: fallback, fp64 oracle, baseline),
   `weights` (the prepared gate/up weights, cached), `triton_kernels` (kernels, launchers, the config table),
   `op` (the custom op `sk::fused_gated_mlp`, dispatch and argument checks).
+- one projection (`linear`, the down kernel on its own for the decoder's other weight streams): `linear`
+  (reference, custom op `sk::linear`, dispatch, argument checks), its launcher in `triton_kernels`.
 - pre-norm GEGLU (`fused_pre_norm_geglu`): `geglu_kernels` (its Triton kernels, config tables, forward
   launcher), `geglu` (reference, weight copies, custom ops and fakes, autograd, step-graph replay, the public
   function), `quack_backend` (whether QuACK's CuTe-DSL GEMMs may run: version and structure check) and
   `quack_gemms` (those GEMMs, imported only through `quack_backend.available`).
 
 Imports point one way: common ← {triton_kernels, geglu_kernels, quack_gemms}; weights, reference ← op;
+triton_kernels ← linear;
 quack_backend ← geglu_kernels ← geglu (tests/test_package.py checks there is no cycle).
 
 Internal, for benchmarks and tests (names without a leading underscore, listed in each module's docstring; no
-argument checks, no coverage decisions): `triton_kernels.forward_kernels` / `GemmConfig` / `choose_configs` /
-`fit_configs` / the kernel objects, `weights.fold`, `geglu_kernels.forward_kernels` / `GemmConfig` /
+argument checks, no coverage decisions): `triton_kernels.forward_kernels` / `linear_kernels` / `linear_config` / `linear_counters` / `GemmConfig` / `choose_configs` /
+`fit_configs` / `fit_split` / the kernel objects, `weights.fold`, `geglu_kernels.forward_kernels` / `GemmConfig` /
 `choose_configs` / `shape_class` / the config tables / the kernel objects, `geglu.fold_gate_up` /
 `folded_gate_up` / `compute_weight` / `ln_backward` / `geglu_op` / `step_graphs`, `quack_backend.available`,
 `common.cdiv` / `align` / `next_power_of_2` / `CHECK_DESCRIPTORS`. Nothing outside the package uses its private
 names (tests/test_package.py checks).
 """
 from sk.ops.gated_mlp.geglu import fused_pre_norm_geglu, fused_pre_norm_geglu_reference
+from sk.ops.gated_mlp.linear import linear, linear_reference
 from sk.ops.gated_mlp.op import coverage_name, fused_gated_mlp, kernel_miss
 from sk.ops.gated_mlp.reference import ACTIVATIONS, NORMS, gated_mlp_reference
 
 __all__ = ["fused_gated_mlp", "gated_mlp_reference", "coverage_name", "kernel_miss", "NORMS", "ACTIVATIONS",
+           "linear", "linear_reference",
            "fused_pre_norm_geglu", "fused_pre_norm_geglu_reference"]

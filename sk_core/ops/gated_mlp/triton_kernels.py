@@ -165,7 +165,10 @@ def _down_kernel(
     a_desc, wd_desc, bd_ptr, y_desc, partial_ptr, arrivals_ptr, n_rows, d,
     K_BLOCKS_PER_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr,
     PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    RESET_ARRIVALS: tl.constexpr = False,
 ):
+    # RESET_ARRIVALS (`linear_kernels`): the tile's last program zeroes its split-K counter again, so that a
+    # persistent, once-zeroed counter buffer serves every call without a memset launch.
     if PDL:
         gdc_wait()  # everything this reads (a, the zeroed counters) comes from the gate/up kernel
     tile = tl.program_id(0)
@@ -177,6 +180,8 @@ def _down_kernel(
         acc, last = _split_k_sum(acc, partial_ptr, arrivals_ptr, tile, pid_m, pid_n, n_rows, d, SPLIT_K, BLOCK_M,
                                  BLOCK_N)
         if last:
+            if RESET_ARRIVALS:
+                tl.store(arrivals_ptr + tile, 0)  # every split of this tile has arrived: nobody reads it again
             _down_epilogue(acc, bd_ptr, y_desc, pid_m, pid_n, d, HAS_BIAS, BLOCK_M, BLOCK_N)
     else:
         _down_epilogue(acc, bd_ptr, y_desc, pid_m, pid_n, d, HAS_BIAS, BLOCK_M, BLOCK_N)
@@ -251,16 +256,20 @@ def shape_class(m: int) -> str:
 def fit_configs(gate_up: GemmConfig, down: GemmConfig, m: int, d: int, ff: int, sms: int
                 ) -> tuple[GemmConfig, GemmConfig]:
     """Both configs fitted to the problem: blocks no larger than it, down's automatic split resolved."""
-    gate_up = gate_up.fitted(m, 2 * ff, d)
-    down = down.fitted(m, d, ff)
-    k_blocks = cdiv(ff, down.block_k)
-    split = down.split_k
+    return gate_up.fitted(m, 2 * ff, d), fit_split(down, m, d, ff, sms)
+
+
+def fit_split(config: GemmConfig, m: int, n: int, k: int, sms: int) -> GemmConfig:
+    """A split-K GEMM's config (m rows, n outputs, k deep) fitted to the problem, its automatic split resolved."""
+    config = config.fitted(m, n, k)
+    k_blocks = cdiv(k, config.block_k)
+    split = config.split_k
     if split == 0:
-        tiles = cdiv(m, down.block_m) * cdiv(d, down.block_n)
-        split = min(MAX_SPLIT_K, max(1, k_blocks // 2), cdiv(int(down.split_waves * sms), tiles))
+        tiles = cdiv(m, config.block_m) * cdiv(n, config.block_n)
+        split = min(MAX_SPLIT_K, max(1, k_blocks // 2), cdiv(int(config.split_waves * sms), tiles))
     split = max(1, min(split, k_blocks))
     split = cdiv(k_blocks, cdiv(k_blocks, split))  # no empty splits
-    return gate_up, dataclasses.replace(down, split_k=split)
+    return dataclasses.replace(config, split_k=split)
 
 
 @functools.lru_cache(maxsize=512)
@@ -349,6 +358,68 @@ def forward_kernels(
         num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl,
     )
     return out, h
+
+
+# ----------------------------------------------------------------------------------------------- linear
+
+# Rows up to which `sk.ops.linear` runs the split-K kernel (the down kernel on its own); above, cuBLAS.
+LINEAR_MAX_M = 32
+# Split-K arrival counters kept per device, zeroed once and re-zeroed by the kernel itself (RESET_ARRIVALS):
+# enough for 2048 output tiles (N up to 131072 at 64-column tiles); a larger call zeroes a buffer of its own.
+LINEAR_COUNTERS = 2048
+_linear_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def linear_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
+    """The split-K config of `sk.ops.linear` for m rows of an [n, k] weight: the down GEMM's decode class
+    (`DOWN_CONFIGS`, its K split resolved to fill the GPU)."""
+    return fit_split(DOWN_CONFIGS[shape_class(m)], m, n, k, sms)
+
+
+def _counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed split-K counters for `tiles` tiles: the device's persistent buffer (made outside any CUDA-graph
+    capture: a graph reads it at every replay, and the kernels leave it zeroed), else a zeroed one for this call."""
+    buffer = _linear_counters.get(device)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if buffer is None and tiles <= LINEAR_COUNTERS and not capturing:
+        buffer = _linear_counters[device] = torch.zeros(LINEAR_COUNTERS, dtype=torch.int32, device=device)
+    if buffer is not None and tiles <= buffer.numel():
+        return buffer
+    return torch.zeros(tiles, dtype=torch.int32, device=device)
+
+
+def linear_counters(device: torch.device) -> Optional[torch.Tensor]:
+    """The device's persistent split-K counters of `linear_kernels` (None before its first split call there):
+    zero between calls."""
+    return _linear_counters.get(device)
+
+
+def linear_kernels(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   config: Optional[GemmConfig] = None) -> torch.Tensor:
+    """out = x @ weightᵀ (+ bias) with the down kernel: x [M, K] and weight [N, K] contiguous, TMA-ready and of
+    one dtype, bias [N] or None. The tile's K splits are summed in a fixed order: the same bits every run.
+    `config` (fitted, split resolved) overrides `linear_config`: the benchmark and the tests use it. A
+    documented-internal entry point: no argument checks, no coverage decision."""
+    m, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    c = config or linear_config(m, n, k, sm_count(x.device))
+    tiles = cdiv(m, c.block_m) * cdiv(n, c.block_n)
+    if c.split_k > 1:
+        partial, arrivals = torch.empty(c.split_k * m * n, dtype=torch.float32, device=x.device), _counters(
+            x.device, tiles)
+    else:
+        partial, arrivals = out, out  # unread without a split
+    _down_kernel[(tiles, c.split_k)](
+        descriptor(x, [c.block_m, c.block_k]), descriptor(weight, [c.block_n, c.block_k]), bias,
+        descriptor(out, [c.block_m, c.block_n]), partial, arrivals, m, n,
+        K_BLOCKS_PER_SPLIT=cdiv(cdiv(k, c.block_k), c.split_k), HAS_BIAS=bias is not None, SPLIT_K=c.split_k,
+        SWAP_AB=c.swap_ab, PDL=False, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+        RESET_ARRIVALS=True, num_warps=c.num_warps, num_stages=c.num_stages,
+    )
+    return out
 
 
 # The kernel objects under documented-internal names (the compile report reads them).

@@ -1,0 +1,130 @@
+"""`sk.ops.linear`: one projection, out = x @ weightᵀ (+ bias), with the family's split-K down kernel at decode sizes.
+
+At a few rows a projection is a weight stream: Llama-3-8B's QKV projection reads 50 MB to produce 6144 numbers a
+token. cuBLAS runs the engines' QKV and output projections there at 72–76 % of the weight-streaming floor plus a
+separate split-K reduction kernel (results/h200/engines/README.md, 2026-12-03 profile); the gated MLP's down
+kernel (`triton_kernels._down_kernel`: TMA loads, transposed product for few rows, K split over enough
+programs to fill the GPU, the splits summed in a fixed order by the tile's last program) streams at 90 % of it.
+This op is that kernel on its own, for the projections outside the fused MLP block:
+
+    out = x @ weightᵀ (+ bias)      x (..., K), weight [N, K], bias [N]; products accumulated in fp32, rounded once
+
+Dispatch: bf16/fp16 CUDA tensors on SM90 (or CPU tensors under TRITON_INTERPRET=1) with N and K multiples of 8
+run the split-K kernel up to `LINEAR_MAX_M` rows and cuBLAS (`torch.nn.functional.linear`) above them;
+anything else runs `linear_reference`, recorded under the coverage row `linear` (an error under strict mode).
+A weight in another dtype or layout is cast once (`weight_cache.cast`), never per call. Training: the backward is
+autograd of the reference, recorded.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from sk import coverage
+from sk.ops import weight_cache
+from sk.ops._common import FLOAT_DTYPES, attach_reference_backward, check_float, check_same_device
+from sk.ops.gated_mlp import triton_kernels
+from sk.ops.gated_mlp.common import is_eager
+
+OP = "linear"
+
+
+def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weightᵀ (+ bias) in x's dtype, accumulated in fp32 (torch's bf16/fp16 matmul), as the engines'
+    unquantized linear layers compute it; in fp64 the tests' oracle."""
+    return torch.nn.functional.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def shape_miss(n: int, k: int) -> str | None:
+    """Why an [n, k] weight is outside the kernel's coverage, or None."""
+    align = triton_kernels.TMA_ALIGN
+    if not n or not k:
+        return f"an empty weight ({n} x {k})"
+    if n % align or k % align:  # TMA: 16-byte rows of x, weight and out
+        return f"N {n} and K {k} must be multiples of {align} (TMA needs 16-byte rows)"
+    return None
+
+
+def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x is 2-D and contiguous."""
+    n, k = weight.shape
+    tensors = [x, weight] + ([bias] if bias is not None else [])
+    if not coverage.decide(OP, tensors, shape_miss=shape_miss(n, k)):
+        return linear_reference(x, weight, bias)
+    dtype = x.dtype
+    w = weight_cache.cast(OP, weight, dtype)
+    b = None if bias is None else weight_cache.cast(OP, bias, dtype)
+    if x.shape[0] > triton_kernels.LINEAR_MAX_M:
+        return torch.nn.functional.linear(x, w, b)
+    tma = triton_kernels.tma_ready
+    return triton_kernels.linear_kernels(tma(x), tma(w), b)
+
+
+_op = torch.library.custom_op("sk::linear", mutates_args=())(_forward)
+
+
+@_op.register_fake
+def _(x, weight, bias):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+attach_reference_backward(_op, lambda inputs: OP, linear_reference)
+
+
+def _check_args(x, weight, bias) -> None:
+    """Raise a clear error naming the argument, its shape or dtype, and what is supported."""
+    named = {"x": x, "weight": weight, "bias": bias}
+    present = {name: t for name, t in named.items() if t is not None}
+    for name in ("x", "weight"):
+        if named[name] is None:
+            raise TypeError(f"sk.ops.{OP}: {name} is required (got None)")
+    for name, t in present.items():
+        check_float(OP, name, t)
+    check_same_device(OP, list(present), list(present.values()))
+    if x.dim() == 0:
+        raise ValueError(f"sk.ops.{OP}: x must be (..., K); got a 0-d tensor")
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"sk.ops.{OP}: weight must be (N, K) with K = x's last dim {x.shape[-1]}; got weight "
+                         f"{tuple(weight.shape)} for x {tuple(x.shape)}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"sk.ops.{OP}: bias must be (N,) = ({weight.shape[0]},) for weight {tuple(weight.shape)}; "
+                         f"got {tuple(bias.shape)}")
+
+
+def _args_fit(x, weight, bias) -> bool:
+    """The common case in a few comparisons per call; `_check_args` says what is wrong otherwise."""
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor) or not x.dim() or weight.dim() != 2:
+        return False
+    if weight.shape[1] != x.shape[-1] or x.dtype not in FLOAT_DTYPES or weight.dtype not in FLOAT_DTYPES:
+        return False
+    if weight.device != x.device:
+        return False
+    return bias is None or (isinstance(bias, torch.Tensor) and bias.dtype in FLOAT_DTYPES and bias.device == x.device
+                            and tuple(bias.shape) == (weight.shape[0],))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A projection at decode sizes as one weight-streaming kernel:
+
+        out = x @ weightᵀ (+ bias)          x (..., K), weight [N, K], bias [N]  ->  out (..., N)
+
+    Products accumulated in fp32 and rounded once to x's dtype; the K splits of a tile are summed in a fixed
+    order (the same bits every run). bf16 and fp16 on SM90 with N and K multiples of 8 run our split-K kernel up
+    to 32 rows and cuBLAS above them; anything else (fp32, CPU, other widths) the PyTorch reference, recorded in
+    the Kernel Coverage report. A weight in another dtype than x is cast once and the copy reused (one copy of
+    the weight in x's dtype), so call the op once before capturing a CUDA graph. Under autocast an fp32 x is
+    converted to the autocast dtype.
+    """
+    if not _args_fit(x, weight, bias):
+        _check_args(x, weight, bias)
+    device_type = x.device.type
+    if x.dtype == torch.float32 and torch.is_autocast_enabled(device_type):
+        x = x.to(torch.get_autocast_dtype(device_type))
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k).contiguous()
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    out = _forward(x2, weight, bias) if not grad and is_eager(x2) else _op(x2, weight, bias)
+    return out.view(*x.shape[:-1], weight.shape[0])

@@ -1,0 +1,207 @@
+"""sk.ops.linear: the split-K kernel against fp64 math (Triton's interpreter on CPU in fp32/fp16; bf16 on the GPU,
+at the engines' QKV and output-projection shapes), K splits summed in a fixed order and the persistent split-K
+counters left zeroed by every call (so that the next call, or a graph replay, finds them so); the routes (kernel
+up to 32 rows, cuBLAS above, the recorded reference outside coverage); the custom op (fake, torch.compile
+fullgraph, autograd through the reference); argument errors.
+
+Tolerances: relative norm error against the fp64 reference on the same (rounded) inputs and weights; the
+products are accumulated in fp32 and the output rounded once.
+  fp32: far under 1e-5.  fp16: one rounding, u = 4.9e-4: 2e-3 = 4u.
+  bf16 (GPU): 1e-2, and no worse than 1.25x cuBLAS's own bf16 error + 1e-3.
+"""
+import dataclasses
+
+import pytest
+import torch
+
+import sk
+from numerics import KERNEL_DEVICE, rel_err
+from sk.ops.gated_mlp import linear_reference, triton_kernels as tk
+
+INTERPRETED_CPU = KERNEL_DEVICE == "cpu" and sk.settings.get("triton_interpret")
+needs_interpreter = pytest.mark.skipif(not INTERPRETED_CPU, reason="needs TRITON_INTERPRET=1 on a CPU-only machine")
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+# Small tiles, so that the interpreter runs several tiles and K splits on small problems.
+SMALL = tk.GemmConfig(16, 16, 32, 4, 2, split_k=0, swap_ab=True)
+
+
+def make(m, n, k, dtype, device=KERNEL_DEVICE, seed=0, bias=True):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).to(device, dtype)
+    w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(device, dtype)
+    b = (0.1 * torch.randn(n, generator=gen)).to(device, dtype) if bias else None
+    return x, w, b
+
+
+def fp64(x, w, b):
+    return linear_reference(x.double(), w.double(), None if b is None else b.double())
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Every floating buffer the op allocates starts as NaN, so an element a kernel fails to write shows up."""
+    allocate = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = allocate(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    monkeypatch.setattr(torch, "empty", poisoned)
+
+
+# ----------------------------------------------------------------------------------------------- interpreter (CPU)
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("m,n,k", [(1, 8, 8), (3, 40, 96), (17, 200, 256), (32, 64, 1024)])
+@pytest.mark.parametrize("split", [1, 2, 3, 0])
+@pytest.mark.parametrize("bias", [True, False])
+def test_interpreted_kernel_matches_fp64_and_leaves_the_counters_zeroed(dtype, m, n, k, split, bias,
+                                                                          poisoned_outputs):
+    x, w, b = make(m, n, k, dtype, bias=bias, seed=m + n)
+    config = tk.fit_split(dataclasses.replace(SMALL, split_k=split), m, n, k, 4)
+    first = tk.linear_kernels(x, w, b, config)
+    again = tk.linear_kernels(x, w, b, config)  # the persistent counters again, as the first call left them
+    assert rel_err(first, fp64(x, w, b)) < TOL[dtype]
+    assert torch.equal(first, again)  # the K splits are summed in a fixed order
+    counters = tk.linear_counters(torch.device("cpu"))
+    assert counters is None or not counters.any()
+
+
+@needs_interpreter
+def test_interpreted_op_routes_by_rows(monkeypatch):
+    """Up to LINEAR_MAX_M rows the split-K kernel, above it cuBLAS (torch's linear); both counted as our op's
+    kernel calls (no fallback), with the same numbers."""
+    launched = []
+    kernels = tk.linear_kernels
+    monkeypatch.setattr(tk, "linear_kernels", lambda *a, **k: launched.append(a[0].shape[0]) or kernels(*a, **k))
+    sk.coverage.reset()
+    for m in (1, 32, 33, 100):
+        x, w, b = make(m, 48, 64, torch.float16, seed=m)
+        with torch.no_grad(), sk.coverage.strict():
+            got = sk.ops.linear(x, w, b)
+        assert rel_err(got, fp64(x, w, b)) < TOL[torch.float16]
+    assert launched == [1, 32]
+    assert sk.coverage.report()["kernel_calls"]["linear"] == 4
+
+
+@needs_interpreter
+def test_interpreted_leading_dims_non_contiguous_x_and_empty_batches():
+    x, w, b = make(12, 24, 32, torch.float16)
+    x3 = x.view(3, 4, 32).transpose(0, 1)  # non-contiguous, leading dims (4, 3)
+    got = sk.ops.linear(x3, w, b)
+    assert got.shape == (4, 3, 24) and rel_err(got, fp64(x3, w, b)) < TOL[torch.float16]
+    empty = sk.ops.linear(x[:0], w, b)
+    assert empty.shape == (0, 24)
+
+
+@needs_interpreter
+def test_a_weight_in_another_dtype_is_cast_once():
+    x, w, b = make(4, 24, 32, torch.float16)
+    master = w.float()  # an FP32 master with fp16 activations
+    sk.coverage.reset()
+    for _ in range(3):
+        got = sk.ops.linear(x, master, b)
+    assert torch.equal(got, sk.ops.linear(x, w, b))
+    assert sk.coverage.report()["weights_prepared"]["linear"] == 1
+
+
+@needs_interpreter
+def test_interpreted_compiled_and_eager_paths_agree():
+    """torch.compile(fullgraph=True) traces the custom op (its fake gives the shape) and runs the same kernel."""
+    x, w, b = make(5, 24, 32, torch.float16)
+    compiled = torch.compile(sk.ops.linear, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x, w, b), sk.ops.linear(x, w, b))
+
+
+def test_fp32_takes_the_recorded_fallback_and_trains():
+    x, w, b = make(3, 16, 24, torch.float32, device="cpu")
+    x.requires_grad_(True)
+    sk.coverage.reset()
+    out = sk.ops.linear(x, w, b)
+    out.sum().backward()
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, w, b))
+    torch.testing.assert_close(x.grad, w.sum(0).expand(3, -1))
+    reasons = {f["reason"] for f in sk.coverage.report()["fallbacks"] if f["op"] == "linear"}
+    assert any("dtype fp32" in r or "CPU tensor" in r for r in reasons), reasons
+    assert any(r.startswith("backward: ") for r in reasons), reasons
+
+
+def test_strict_mode_raises_on_a_fallback_and_widths_not_multiples_of_8_fall_back():
+    x, w, b = make(3, 16, 24, torch.float32, device="cpu")
+    with sk.coverage.strict(), pytest.raises(sk.CoverageError, match=r"sk\.ops\.linear"):
+        sk.ops.linear(x, w, b)
+    x, w, b = make(3, 12, 20, torch.float16, device=KERNEL_DEVICE)
+    with sk.coverage.strict(), pytest.raises(sk.CoverageError, match="multiples of 8"):
+        sk.ops.linear(x, w, b)
+
+
+def test_custom_op_registration_passes_opcheck():
+    x, w, b = make(5, 16, 24, torch.float64, device="cpu")
+    for bias in (b, None):
+        torch.library.opcheck(torch.ops.sk.linear.default, (x, w, bias),
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+@pytest.mark.parametrize("args,match", [
+    (dict(x=None), "x is required"),
+    (dict(weight=torch.zeros(8, 7)), r"weight must be \(N, K\) with K = x's last dim 16"),
+    (dict(weight=torch.zeros(16)), r"weight must be \(N, K\)"),
+    (dict(bias=torch.zeros(9)), r"bias must be \(N,\) = \(8,\)"),
+    (dict(x=torch.zeros(2, 16, dtype=torch.int32)), "x has dtype torch.int32"),
+    (dict(weight=torch.zeros(8, 16, device="meta")), "all tensors must be on one device"),
+])
+def test_argument_errors_are_clear(args, match):
+    call = dict(x=torch.zeros(2, 16), weight=torch.zeros(8, 16), bias=torch.zeros(8)) | args
+    with pytest.raises((ValueError, TypeError), match=match):
+        sk.ops.linear(**call)
+
+
+def test_decode_configs_split_k_to_fill_the_gpu():
+    # The engines' projections at decode sizes on the H200's 132 SMs: the down kernel's decode classes, K split
+    # until the tiles make the class's waves (within the rounding to equal splits), or K runs out of splits.
+    for m in (1, 8, 32):
+        for n, k in ((6144, 4096), (4096, 4096), (3072, 2048), (2048, 2048)):
+            c = tk.linear_config(m, n, k, 132)
+            tiles, k_blocks = -(-n // c.block_n), k // c.block_k
+            want = int(tk.DOWN_CONFIGS[tk.shape_class(m)].split_waves * 132)
+            assert c.swap_ab and c.block_m == max(16, m) and -(-k_blocks // c.split_k) >= 2  # 2+ K blocks a split
+            assert tiles * c.split_k >= 0.75 * want or c.split_k in (tk.MAX_SPLIT_K, k_blocks // 2), (m, n, k, c)
+
+
+# ----------------------------------------------------------------------------------------------- GPU (bf16)
+
+# Llama-3-8B's QKV (4096 -> 6144) and output projection (4096 -> 4096), Llama-3.2-1B's QKV (2048 -> 3072),
+# a tp=2 shard, and rows on both sides of the kernel's limit.
+GPU_SHAPES = [(1, 6144, 4096), (8, 4096, 4096), (32, 3072, 2048), (3, 3072, 4096), (33, 6144, 4096),
+              (512, 4096, 4096)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", GPU_SHAPES)
+def test_gpu_bf16_matches_fp64_and_cublas(m, n, k):
+    x, w, b = make(m, n, k, torch.bfloat16, device="cuda", seed=m)
+    with torch.no_grad(), sk.coverage.strict():
+        out = sk.ops.linear(x, w, b)
+    want = fp64(x, w, b)
+    ours, theirs = rel_err(out, want), rel_err(torch.nn.functional.linear(x, w, b), want)
+    assert ours < TOL[torch.bfloat16] and ours <= 1.25 * theirs + 1e-3, (ours, theirs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(1, 6144, 4096), (32, 4096, 4096)])
+def test_gpu_graph_replay_with_fresh_inputs_reuses_the_zeroed_counters(m, n, k):
+    """Replays of a captured call (the persistent counters, made before the capture, read by every replay) onto
+    fresh inputs and poisoned outputs give the eager call's bits."""
+    x, w, b = make(m, n, k, torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        sk.ops.linear(x, w, b)  # compiles and makes the counters before the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = sk.ops.linear(x, w, b)
+        for seed in range(3):
+            x.copy_(make(m, n, k, torch.bfloat16, device="cuda", seed=10 + seed)[0])
+            want = sk.ops.linear(x, w, b)
+            out.fill_(float("nan"))
+            graph.replay()
+            assert torch.equal(out, want)
+    assert not tk.linear_counters(x.device).any()
