@@ -207,22 +207,99 @@ def mlp_is_gate_up_act_down(forward) -> bool:
 
 
 class FusedBlocks:
-    """This process's fused blocks, for its report: layers fused, layers left on the engine path and why."""
+    """This process's fused blocks, for its report: layers fused, layers left on the engine path and why; and,
+    with SK_ATTENTION_LINEAR=1, the attention projections routed through `sk.ops.linear` (`route_projections`)."""
 
     def __init__(self) -> None:
         self.fused: dict[str, str] = {}          # layer name -> "<class>: norm=..., activation=..."
         self.engine_path: dict[str, str] = {}    # layer name -> reason
         self.disabled: str | None = None         # why the fused blocks are off in this process
+        self.projections: dict[str, str] = {}    # projection name -> its weight's shape
+        self.projections_engine_path: dict[str, str] = {}  # projection name -> reason
 
     def report(self) -> dict:
         coverage = sk.coverage.report()
         calls = {op: n for op, n in coverage["kernel_calls"].items() if op.startswith("fused_gated_mlp")}
         prepared = {op: n for op, n in coverage["weights_prepared"].items() if op.startswith("fused_gated_mlp")}
         fallbacks = [f for f in coverage["fallbacks"] if f["op"].startswith("fused_gated_mlp")]
+        linear_fallbacks = [f for f in coverage["fallbacks"] if f["op"] == LINEAR]
         return {"enabled": self.disabled is None, "disabled": self.disabled, "what": WHAT,
                 "layers_fused": len(self.fused), "fused": dict(self.fused), "engine_path": dict(self.engine_path),
                 "kernel_calls": calls, "weights_prepared": prepared, "fallback_calls": sum(f["count"] for f in fallbacks),
-                "fallback_reasons": sorted({f["reason"] for f in fallbacks})}
+                "fallback_reasons": sorted({f["reason"] for f in fallbacks}),
+                "projections": {"routed": len(self.projections), "engine_path": dict(self.projections_engine_path),
+                                "kernel_calls": coverage["kernel_calls"].get(LINEAR, 0),
+                                "fallback_calls": sum(f["count"] for f in linear_fallbacks),
+                                "fallback_reasons": sorted({f["reason"] for f in linear_fallbacks})}}
+
+
+# ----------------------------------------------------------------------------------------------- projections
+
+# The attention side's weight streams, routed through sk.ops.linear with SK_ATTENTION_LINEAR=1.
+PROJECTIONS = ("qkv_proj", "o_proj")
+LINEAR = "linear"  # sk.ops.linear's coverage row
+_ROUTED: dict[type, type] = {}
+
+
+def _apply_sk_linear(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None):
+    return sk.ops.linear(x, layer.weight, bias)
+
+
+def routed_method(method):
+    """A copy of a projection's unquantized linear method whose `apply(layer, x, bias)` runs `sk.ops.linear`.
+    The engine's `LinearBase.forward` (its tensor-parallel split, all-reduce and bias handling) stays the
+    engine's; the copy's class subclasses the method's, so the engine's isinstance checks (weight processing,
+    reloading) see what they saw."""
+    cls = type(method)
+    routed = _ROUTED.get(cls)
+    if routed is None:
+        routed = _ROUTED[cls] = type(f"Sk{cls.__name__}", (cls,), {
+            "apply": _apply_sk_linear, "__module__": __name__, "sk_replaced": cls.__qualname__,
+            "__doc__": f"{cls.__qualname__} whose apply() runs sk.ops.linear (sk.adapters.fused_blocks)."})
+    copy = object.__new__(routed)
+    copy.__dict__.update(method.__dict__)
+    return copy
+
+
+def projection_miss(name: str, proj: torch.nn.Module | None, unquantized: tuple[str, ...]) -> str | None:
+    """Why sk.ops.linear cannot stand in for this projection's GEMM, or None."""
+    if proj is None:
+        return f"no {name}"
+    method = getattr(proj, "quant_method", None)
+    if type(method) in _ROUTED.values():
+        return "already routed"
+    if type(method).__name__ not in unquantized:
+        return f"{name} is quantized ({type(method).__name__})"
+    weight = getattr(proj, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return f"{name} has no 2-D weight"
+    if weight.device.type != "cpu":  # as kernel_gap: on a GPU the reference would lose to the engine's GEMM
+        miss = sk.ops.gated_mlp.linear_kernel_miss(weight, weight.shape[0], weight.shape[1])
+        if miss:
+            return f"no sk.ops.linear kernel covers it ({miss})"
+    return None
+
+
+def route_projections(attention: torch.nn.Module, prefix: str, unquantized: tuple[str, ...], blocks: FusedBlocks,
+                      engine: str, refuse: str | None = None) -> None:
+    """Route `attention`'s QKV and output projections through sk.ops.linear (`routed_method`), or record why
+    each keeps the engine's GEMM (`refuse`: a reason that holds for all, e.g. an engine mode the op ignores);
+    in strict mode a projection left is an error naming it."""
+    for name in PROJECTIONS:
+        proj = getattr(attention, name, None)
+        full = f"{prefix}.{name}"
+        miss = refuse or projection_miss(name, proj, unquantized)
+        if miss == "already routed":
+            continue
+        if miss:
+            blocks.projections_engine_path[full] = miss
+            if sk.coverage.is_strict():
+                raise UncoveredLayerError(
+                    f"standardkernels (strict): projection {full} keeps {engine}'s own GEMM, not sk.ops.linear: "
+                    f"{miss}. Run without --strict/SK_STRICT=1 to allow it, or SK_ATTENTION_LINEAR=0.")
+            continue
+        proj.quant_method = routed_method(proj.quant_method)
+        blocks.projections[full] = "x".join(map(str, proj.weight.shape))
 
 
 class UncoveredLayerError(RuntimeError):

@@ -39,6 +39,7 @@ import torch
 
 import sk
 from sk.bench import peers as peer_libs
+from sk.bench.tables import cell, failure_lines, heading
 from sk.bench.timing import copy_bandwidth_tbps, environment, graph_time_us, side_by_side_us
 from sk.ops.gated_mlp import gated_mlp_reference
 from sk.ops.gated_mlp import triton_kernels as tk
@@ -211,14 +212,11 @@ def bench_case(shape, m, d, ff, norm, activation, peers, bw_tbps, with_compile, 
 
 
 def markdown(rows, env, bw, command) -> str:
-    lines = [f"# fused_gated_mlp on {env['gpu']} ({env['date']})", "",
-             f"`{command}`  ", f"torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}; copy bandwidth "
-             f"{bw:.2f} TB/s. µs per call in a CUDA graph (medians); bf16 with a residual.", "",
+    lines = heading("fused_gated_mlp", env, command, bw,
+                    "µs per call in a CUDA graph (medians); bf16 with a residual.") + [
              "| shape | M | ours | vllm | sglang | sk_engine | eager | compile | best peer | speedup | % floor "
              "| err ours | err peer seq |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-
-    def f(v, fmt="{:.1f}"):
-        return "–" if v is None or v != v else fmt.format(v)
+    f = cell
     for r in rows:
         lines.append(f"| {r['shape']} | {r['M']} | {f(r.get('ours_us'))} | {f(r.get('vllm_us'))} | "
                      f"{f(r.get('sglang_us'))} | {f(r.get('sk_engine_us'))} | {f(r.get('eager_us'))} | "
@@ -226,10 +224,7 @@ def markdown(rows, env, bw, command) -> str:
                      f"{f(r.get('speedup_vs_best_peer'), '{:.2f}x')} | "
                      f"{f(r.get('pct_of_floor'), '{:.0f}%')} | {f(r.get('rel_err_ours'), '{:.1e}')} | "
                      f"{f(r.get('rel_err_peer_sequence'), '{:.1e}')} |")
-    failures = [(r["shape"], r["M"], r["failures"]) for r in rows if r.get("failures")]
-    if failures:
-        lines += ["", "Failures:", ""] + [f"- {s} M={m}: {fl}" for s, m, fl in failures]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + failure_lines(rows, "shape")) + "\n"
 
 
 # ----------------------------------------------------------------------------------------------- sweep

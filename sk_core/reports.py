@@ -184,17 +184,26 @@ def fused_blocks_summary(report: dict) -> str | None:
     if not fb:
         return None
     if not fb["enabled"]:
-        return f"fused blocks off ({fb['disabled']})"
-    if not fb["layers_fused"] and not fb["engine_path"]:
-        return "fused blocks: no decoder layer loaded here"
-    kernel = sum(fb["kernel_calls"].values())
-    line = (f"fused blocks: {fb['layers_fused']} decoder layers fused, {kernel + fb['fallback_calls']} calls "
-            f"({kernel} kernel, {fb['fallback_calls']} fallback)")
-    if fb["fallback_reasons"]:
-        line += f" [fallback: {'; '.join(fb['fallback_reasons'])}]"
-    if fb["engine_path"]:
-        reasons = sorted(set(fb["engine_path"].values()))
-        line += f"; {len(fb['engine_path'])} on the engine's path ({'; '.join(reasons)})"
+        line = f"fused blocks off ({fb['disabled']})"
+    elif not fb["layers_fused"] and not fb["engine_path"]:
+        line = "fused blocks: no decoder layer loaded here"
+    else:
+        kernel = sum(fb["kernel_calls"].values())
+        line = (f"fused blocks: {fb['layers_fused']} decoder layers fused, {kernel + fb['fallback_calls']} calls "
+                f"({kernel} kernel, {fb['fallback_calls']} fallback)")
+        if fb["fallback_reasons"]:
+            line += f" [fallback: {'; '.join(fb['fallback_reasons'])}]"
+        if fb["engine_path"]:
+            reasons = sorted(set(fb["engine_path"].values()))
+            line += f"; {len(fb['engine_path'])} on the engine's path ({'; '.join(reasons)})"
+    projections = fb.get("projections") or {}
+    if projections.get("routed") or projections.get("engine_path"):
+        calls = projections["kernel_calls"] + projections["fallback_calls"]
+        line += (f"; attention projections: {projections['routed']} through sk.ops.linear, {calls} calls "
+                 f"({projections['kernel_calls']} kernel, {projections['fallback_calls']} fallback)")
+        if projections["engine_path"]:
+            reasons = sorted(set(projections["engine_path"].values()))
+            line += f", {len(projections['engine_path'])} on the engine's GEMM ({'; '.join(reasons)})"
     return line
 
 

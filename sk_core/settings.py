@@ -101,6 +101,12 @@ SETTINGS: dict[str, Setting] = {
         "(on a GPU, where the op has a kernel for the layer's dtype and shape); `0`: the engine's own layers run "
         "them, with our norm and activation ops (the A/B switch). Read by every engine process.",
         live=True),
+    "attention_linear": Setting(
+        "SK_ATTENTION_LINEAR", "0", _flag,
+        "`1`: the engine adapters run each decoder layer's QKV and output projections through `sk.ops.linear` (our "
+        "split-K kernel up to 32 rows, cuBLAS above; on a GPU, where it has a kernel for the layer's dtype and "
+        "shape); off by default until it is measured faster than cuBLAS there. Read by every engine process.",
+        live=True),
     "step_graphs": Setting(
         "SK_STEP_GRAPHS", "1", _flag,
         "`0`: eager training steps of `fused_pre_norm_geglu` launch from Python every time instead of being "

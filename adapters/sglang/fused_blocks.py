@@ -45,6 +45,7 @@ def hooks() -> dict[str, tuple]:
     """HookRegistry targets of the installed decoder classes: dotted `Class.__init__` -> (AFTER hook, class)."""
     if not settings.get("fused_mlp"):
         BLOCKS.disabled = f"{settings.env_name('fused_mlp')}=0"
+    if BLOCKS.disabled and not settings.get("attention_linear"):
         return {}
     found = {}
     for module_name, classes in DECODER_LAYERS.items():
@@ -60,18 +61,32 @@ def hooks() -> dict[str, tuple]:
 
 
 def summary(installed: dict[str, tuple]) -> str:
-    if BLOCKS.disabled:
-        return f"off ({BLOCKS.disabled})"
-    return f"{fused_blocks.WHAT} in {', '.join(cls.__name__ for _, cls in installed.values())} (at construction)"
+    classes = ", ".join(cls.__name__ for _, cls in installed.values())
+    what = f"off ({BLOCKS.disabled})" if BLOCKS.disabled else f"{fused_blocks.WHAT} in {classes} (at construction)"
+    return what + ("; QKV and output projections -> sk.ops.linear" if settings.get("attention_linear") else "")
 
 
 def _after_init(norm_attr: str):
     def after_init(result, layer, *args, **kwargs):
         layer_id = kwargs.get("layer_id", getattr(layer, "layer_id", "?"))
-        fuse_layer(layer, norm_attr, kwargs.get("prefix") or f"{type(layer).__name__}[{layer_id}]")
+        name = kwargs.get("prefix") or f"{type(layer).__name__}[{layer_id}]"
+        if BLOCKS.disabled is None:
+            fuse_layer(layer, norm_attr, name)
+        if settings.get("attention_linear"):
+            route_layer_projections(layer, name)
         return None
 
     return after_init
+
+
+def route_layer_projections(layer: torch.nn.Module, name: str, blocks: FusedBlocks | None = None) -> FusedBlocks:
+    """Route a freshly built decoder layer's QKV and output projections through sk.ops.linear (their weights are
+    allocated on the device, loaded later into the same Parameters), or record why not."""
+    blocks = BLOCKS if blocks is None else blocks
+    if type(layer).__name__ in _names():
+        fused_blocks.route_projections(getattr(layer, "self_attn", None), f"{name}.self_attn", UNQUANTIZED, blocks,
+                                       "SGLang")
+    return blocks
 
 
 def _names() -> set[str]:

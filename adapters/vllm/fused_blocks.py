@@ -35,9 +35,12 @@ _loading: list = []
 
 
 def install() -> str:
-    """Wrap vLLM's model loading (once per process) so that each loaded model gets its fused blocks."""
-    if not settings.get("fused_mlp"):
+    """Wrap vLLM's model loading (once per process) so that each loaded model gets its fused blocks (and, with
+    SK_ATTENTION_LINEAR=1, its attention projections routed through sk.ops.linear)."""
+    fused, routed = settings.get("fused_mlp"), settings.get("attention_linear")
+    if not fused:
         BLOCKS.disabled = f"{settings.env_name('fused_mlp')}=0"
+    if not (fused or routed):
         return f"off ({BLOCKS.disabled})"
     import wrapt
     from vllm.model_executor.model_loader import base_loader
@@ -46,7 +49,8 @@ def install() -> str:
         wrapt.wrap_function_wrapper(BASE_LOADER, "BaseModelLoader.load_model", _around_load)
         wrapt.wrap_function_wrapper(BASE_LOADER, "process_weights_after_loading", _around_processing)
     classes = ", ".join(cls for classes in support.FUSED_DECODER_LAYERS.values() for cls in classes)
-    return f"{fused_blocks.WHAT} in {classes} (after weight loading)"
+    what = f"{fused_blocks.WHAT} in {classes} (after weight loading)" if fused else f"off ({BLOCKS.disabled})"
+    return what + ("; QKV and output projections -> sk.ops.linear" if routed else "")
 
 
 def _around_load(wrapped, instance, args, kwargs):
@@ -59,9 +63,15 @@ def _around_load(wrapped, instance, args, kwargs):
 
 def _around_processing(wrapped, instance, args, kwargs):
     model = kwargs.get("model", args[0] if args else None)
-    plans = plan_model(model, _loading[-1] if _loading else None)
+    config = _loading[-1] if _loading else None
+    plans = plan_model(model, config) if BLOCKS.disabled is None else None
+    if settings.get("attention_linear"):
+        plan_projections(model)
     result = wrapped(*args, **kwargs)
-    fuse_model(model, plans)
+    if BLOCKS.disabled is None:
+        fuse_model(model, plans)
+    if settings.get("attention_linear"):
+        route_model_projections(model, config)
     return result
 
 
@@ -117,6 +127,43 @@ def fuse_model(model: torch.nn.Module, plans: dict[str, Plan | str] | None = Non
         logger.info("standardkernels fused blocks: %d decoder layers fused, %d on vLLM's path%s",
                     len(blocks.fused), len(blocks.engine_path),
                     "".join(f"; {k}: {v}" for k, v in list(blocks.engine_path.items())[:3]))
+    return blocks
+
+
+def plan_projections(model: torch.nn.Module, cpu: bool | None = None) -> None:
+    """Before vLLM post-processes the loaded weights: on CPU, the attention projections that will be routed keep
+    their plain weights (vLLM's `_cpu_skip_gemm_dispatch`), which sk.ops.linear reads."""
+    if cpu is None:
+        from vllm.platforms import current_platform
+
+        cpu = current_platform.is_cpu()
+    if not cpu:
+        return
+    for _, layer, _ in _decoder_layers(model):
+        for name in fused_blocks.PROJECTIONS:
+            proj = getattr(getattr(layer, "self_attn", None), name, None)
+            if proj is not None and fused_blocks.projection_miss(name, proj, UNQUANTIZED) is None:
+                proj._cpu_skip_gemm_dispatch = True
+
+
+def route_model_projections(model: torch.nn.Module, vllm_config=None, blocks: FusedBlocks | None = None,
+                            batch_invariant: bool | None = None) -> FusedBlocks:
+    """Route every supported decoder layer's QKV and output projections through sk.ops.linear, or record why
+    not (LoRA, vLLM's batch-invariant mode, quantized, no kernel for the weight); returns `blocks`."""
+    blocks = BLOCKS if blocks is None else blocks
+    if batch_invariant is None:
+        import vllm.envs
+
+        batch_invariant = bool(vllm.envs.VLLM_BATCH_INVARIANT)
+    lora = vllm_config is not None and getattr(vllm_config, "lora_config", None) is not None
+    refuse = ("LoRA is enabled (vLLM wraps the linears after loading)" if lora else
+              "VLLM_BATCH_INVARIANT=1 (vLLM's batch-invariant GEMMs)" if batch_invariant else None)
+    for name, layer, _ in _decoder_layers(model):
+        fused_blocks.route_projections(getattr(layer, "self_attn", None), f"{name}.self_attn", UNQUANTIZED, blocks,
+                                       "vLLM", refuse)
+    if blocks.projections or blocks.projections_engine_path:
+        logger.info("standardkernels: %d attention projections through sk.ops.linear, %d on vLLM's GEMM",
+                    len(blocks.projections), len(blocks.projections_engine_path))
     return blocks
 
 

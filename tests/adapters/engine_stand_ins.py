@@ -18,7 +18,11 @@ def weight(*shape) -> ModelWeightParameter:
 
 
 class UnquantizedLinearMethod:
-    pass
+    def __init__(self):
+        self.engine_state = "kept"  # an attribute the engine's method sets: a routed copy keeps it
+
+    def apply(self, layer, x, bias=None):
+        return F.linear(x, layer.weight, bias)
 
 
 class _Linear(torch.nn.Module):
@@ -40,6 +44,14 @@ class MergedColumnParallelLinear(_Linear):
 class RowParallelLinear(_Linear):
     def forward(self, x):  # this rank's partial product; bias on rank 0 (the all-reduce is the test's)
         return F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None), None
+
+
+class QKVParallelLinear(_Linear):
+    """As the engines' attention projections (QKVParallelLinear, RowParallelLinear): forward through
+    quant_method.apply, the hook sk.ops.linear is routed in by."""
+
+    def forward(self, x):
+        return self.quant_method.apply(self, x, self.bias), None
 
 
 class RMSNorm(torch.nn.Module):

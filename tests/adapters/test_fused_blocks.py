@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import sk
-from engine_stand_ins import (GeluAndMul, GemmaRMSNorm, MergedColumnParallelLinear, RMSNorm, RowParallelLinear,
-                              SiluAndMul, UnquantizedLinearMethod)
+from engine_stand_ins import (GeluAndMul, GemmaRMSNorm, MergedColumnParallelLinear, QKVParallelLinear, RMSNorm,
+                              RowParallelLinear, SiluAndMul, UnquantizedLinearMethod)
 from sk.adapters import fused_blocks
 from sk.adapters.vllm import fused_blocks as vllm_blocks
 
@@ -214,6 +214,72 @@ def test_gpu_bf16_layers_are_fused_and_fp32_layers_keep_the_engine_path():
     sk.coverage.reset()
     covered(x, residual)
     assert sk.coverage.report()["kernel_calls"].get("fused_gated_mlp/rms") == 1
+
+
+class Attention(torch.nn.Module):
+    """The projections of an attention block (the attention itself is the query slice here)."""
+
+    def __init__(self, quant=UnquantizedLinearMethod, q=32, kv=8):
+        super().__init__()
+        self.q = q
+        self.qkv_proj = QKVParallelLinear(q + 2 * kv, D, quant=quant)
+        self.o_proj = QKVParallelLinear(D, q, quant=quant, bias=True)
+
+    def forward(self, x):
+        qkv, _ = self.qkv_proj(x)
+        return self.o_proj(qkv[..., :self.q])[0]
+
+
+def _with_attention(layer, **kwargs):
+    layer.self_attn = Attention(**kwargs)
+    return layer
+
+
+def test_attention_projections_route_through_sk_linear():
+    routed, quantized = _with_attention(_layer()), _with_attention(_layer(), quant=Fp8LinearMethod)
+    model = Model([routed, quantized])
+    x = torch.randn(2, 5, D)
+    expected = routed.self_attn(x)
+    method = routed.self_attn.qkv_proj.quant_method
+    blocks = vllm_blocks.route_model_projections(model, blocks=fused_blocks.FusedBlocks(), batch_invariant=False)
+    assert sorted(blocks.projections) == ["layers.0.self_attn.o_proj", "layers.0.self_attn.qkv_proj"]
+    assert blocks.projections_engine_path == {"layers.1.self_attn.qkv_proj": "qkv_proj is quantized (Fp8LinearMethod)",
+                                              "layers.1.self_attn.o_proj": "o_proj is quantized (Fp8LinearMethod)"}
+    routed_method = routed.self_attn.qkv_proj.quant_method
+    # A copy of the engine's method, of a subclass: isinstance checks and the method's state hold.
+    assert routed_method is not method and isinstance(routed_method, UnquantizedLinearMethod)
+    assert routed_method.engine_state == "kept" and type(routed_method).sk_replaced == "UnquantizedLinearMethod"
+    sk.coverage.reset()
+    torch.testing.assert_close(routed.self_attn(x), expected)
+    linear = [f for f in sk.coverage.report()["fallbacks"] if f["op"] == "linear"]
+    assert sum(f["count"] for f in linear) == 2  # both projections, through sk.ops.linear (fp32 CPU: reference)
+    # Routing again (a second load of the same model) changes nothing.
+    vllm_blocks.route_model_projections(model, blocks=blocks, batch_invariant=False)
+    assert routed.self_attn.qkv_proj.quant_method is routed_method and len(blocks.projections) == 2
+    summary = sk.reports.fused_blocks_summary({"fused_blocks": blocks.report()})
+    assert "attention projections: 2 through sk.ops.linear, 2 calls (0 kernel, 2 fallback), 2 on the engine's " \
+           "GEMM (o_proj is quantized (Fp8LinearMethod); qkv_proj is quantized (Fp8LinearMethod))" in summary
+
+
+def test_projections_keep_the_engine_gemm_under_batch_invariance_lora_and_strict():
+    model = Model([_with_attention(_layer())])
+    blocks = vllm_blocks.route_model_projections(model, blocks=fused_blocks.FusedBlocks(), batch_invariant=True)
+    assert blocks.projections == {} and set(blocks.projections_engine_path.values()) == {
+        "VLLM_BATCH_INVARIANT=1 (vLLM's batch-invariant GEMMs)"}
+    lora = type("Cfg", (), {"lora_config": object()})()
+    blocks = vllm_blocks.route_model_projections(model, lora, blocks=fused_blocks.FusedBlocks(),
+                                                 batch_invariant=False)
+    assert set(blocks.projections_engine_path.values()) == {"LoRA is enabled (vLLM wraps the linears after loading)"}
+    quantized = Model([_with_attention(_layer(), quant=Fp8LinearMethod)])
+    with sk.coverage.strict(), pytest.raises(fused_blocks.UncoveredLayerError,
+                                             match=r"projection layers\.0\.self_attn\.qkv_proj keeps vLLM's own GEMM"):
+        vllm_blocks.route_model_projections(quantized, blocks=fused_blocks.FusedBlocks(), batch_invariant=False)
+
+
+def test_cpu_routed_projections_keep_their_plain_weights():
+    layer = _with_attention(_layer())
+    vllm_blocks.plan_projections(Model([layer]), cpu=True)
+    assert layer.self_attn.qkv_proj._cpu_skip_gemm_dispatch and layer.self_attn.o_proj._cpu_skip_gemm_dispatch
 
 
 def test_strict_mode_makes_an_uncovered_layer_an_error_naming_it():

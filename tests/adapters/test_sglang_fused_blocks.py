@@ -334,6 +334,47 @@ def test_switch_off_installs_no_hook(sglang):
     assert sglang.blocks().report()["enabled"] is False
 
 
+class LlamaAttention(torch.nn.Module):
+    """The projections of SGLang's LlamaAttention (QKVParallelLinear, RowParallelLinear: forward through
+    quant_method.apply); the attention itself is the query slice here."""
+
+    def __init__(self, quant=UnquantizedLinearMethod):
+        super().__init__()
+        self.qkv_proj = stand_ins.QKVParallelLinear(3 * D, D, quant=quant)
+        self.o_proj = stand_ins.QKVParallelLinear(D, D, quant=quant)
+
+    def forward(self, x):
+        qkv, _ = self.qkv_proj(x)
+        return self.o_proj(qkv[..., :D])[0]
+
+
+def test_attention_projections_are_routed_at_construction_with_the_fused_blocks_on_or_off(sglang, monkeypatch):
+    monkeypatch.setattr(LlamaDecoderLayer, "__init__", _with_attention(LlamaDecoderLayer.__init__))
+    stock = LlamaDecoderLayer(layer_id=2)
+    with sk.settings.override(fused_mlp=False, attention_linear=True):
+        installed = sglang.apply()
+        layer = LlamaDecoderLayer(layer_id=2, prefix="model.layers.2")
+        quantized = LlamaDecoderLayer(layer_id=3, prefix="model.layers.3", quant=W8A8Int8LinearMethod)
+        assert sglang.module.summary(installed) == "off (SK_FUSED_MLP=0); QKV and output projections -> sk.ops.linear"
+    blocks = sglang.blocks()
+    assert blocks.fused == {} and sorted(blocks.projections) == ["model.layers.2.self_attn.o_proj",
+                                                                 "model.layers.2.self_attn.qkv_proj"]
+    assert blocks.projections_engine_path["model.layers.3.self_attn.qkv_proj"] == \
+        "qkv_proj is quantized (W8A8Int8LinearMethod)"
+    assert not isinstance(quantized.mlp, fused_blocks.MlpComputedByNorm)
+    x, residual = torch.randn(5, D), torch.randn(5, D)
+    sk.coverage.reset()
+    torch.testing.assert_close(layer(None, x, None, residual), stock(None, x, None, residual))
+    assert blocks.report()["projections"]["fallback_calls"] == 2  # qkv and o through sk.ops.linear (fp32: reference)
+
+
+def _with_attention(init):
+    def with_attention(self, *args, quant=UnquantizedLinearMethod, **kwargs):
+        init(self, *args, quant=quant, **kwargs)
+        self.self_attn = LlamaAttention(quant)
+    return with_attention
+
+
 @pytest.mark.parametrize("tp", [2, 4])
 def test_shards_reduced_by_sglang_equal_the_unsharded_block(sglang, tp):
     full = LlamaDecoderLayer(layer_id=1)

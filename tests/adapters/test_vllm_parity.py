@@ -7,7 +7,8 @@ default compile mode on CPU).
 The adapter runs twice: through our PyTorch references, and with TRITON_INTERPRET=1 through the real Triton
 kernels, interpreted on CPU; in both the decoder layers' norm + MLP are one sk.ops.fused_gated_mlp call (whose
 kernels cover bf16/fp16 only, so in these fp32 runs it is always its recorded reference). Once more, with
-SK_FUSED_MLP=0, for the A/B switch (llama, eager). All assertions share the engine runs.
+SK_FUSED_MLP=0, for the A/B switch (llama, eager); and with SK_ATTENTION_LINEAR=1 (llama), the attention
+projections through sk.ops.linear. All assertions share the engine runs.
 """
 import argparse
 import json
@@ -31,6 +32,7 @@ VARIANTS = {
     "sk-torch": {"SK_ADAPTERS": "vllm"},  # the default: SK_FUSED_MLP=1
     "sk-triton": {"SK_ADAPTERS": "vllm", "TRITON_INTERPRET": "1"},
     "sk-unfused": {"SK_ADAPTERS": "vllm", "SK_FUSED_MLP": "0"},
+    "sk-linear": {"SK_ADAPTERS": "vllm", "SK_ATTENTION_LINEAR": "1"},
 }
 # The sk.coverage op names each model style must show in the worker: norms, and the fused block that stands
 # for post_attention_layernorm + MLP (the activation runs inside it).
@@ -130,6 +132,22 @@ def test_fused_blocks_switch_off(engine_run):
     assert UNFUSED_ACT["llama"] in ops and not any(op.startswith("fused_gated_mlp") for op in ops), ops
     assert worker["fused_blocks"]["enabled"] is False and worker["fused_blocks"]["layers_fused"] == 0
     assert worker["replaced"]["decoder layers (norm + MLP)"] == "off (SK_FUSED_MLP=0)"
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode", MODES)
+def test_attention_projections_through_sk_linear(engine_run, mode):
+    # SK_ATTENTION_LINEAR=1: vLLM's own QKV and output projections call sk.ops.linear (fp32 here: its recorded
+    # reference), beside the fused blocks; same tokens, eager and compiled.
+    stock, routed = engine_run("llama", mode, "stock"), engine_run("llama", mode, "sk-linear")
+    assert routed["tokens"] == stock["tokens"]
+    (worker,) = worker_reports(routed)
+    projections = worker["fused_blocks"]["projections"]
+    assert projections["routed"] == 2 * LAYERS and projections["engine_path"] == {}, projections
+    assert projections["fallback_calls"] > 0 and projections["fallback_reasons"] == [
+        "CPU tensor: the kernels need a CUDA GPU (TRITON_INTERPRET=1 runs them interpreted, for testing)"]
+    assert worker["fused_blocks"]["layers_fused"] == LAYERS
+    assert "QKV and output projections -> sk.ops.linear" in worker["replaced"]["decoder layers (norm + MLP)"]
 
 
 @pytest.mark.vllm

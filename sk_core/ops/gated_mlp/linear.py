@@ -48,6 +48,12 @@ def shape_miss(n: int, k: int) -> str | None:
     return None
 
 
+def linear_kernel_miss(x: torch.Tensor, n: int, k: int) -> str | None:
+    """Why a call on activations like `x` (its device and dtype) with an [n, k] weight would run the reference
+    instead of the kernel, or None. Records nothing: for planning (the engine adapters decide per layer)."""
+    return coverage.miss_reason(OP, x, shape_miss=shape_miss(n, k))
+
+
 def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """x is 2-D and contiguous."""
     n, k = weight.shape
