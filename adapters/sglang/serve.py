@@ -44,6 +44,8 @@ def activation_summary(strict: bool, report_dir: str) -> str:
     fused = (f"decoder-layer norm + MLP via sk.ops.fused_gated_mlp in "
              f"{', '.join(c for cs in DECODER_LAYERS.values() for c in cs)} where SGLang has them"
              if settings.get("fused_mlp") else f"decoder-layer fused blocks off ({settings.env_name('fused_mlp')}=0)")
+    if settings.get("attention_linear"):
+        fused += "; attention QKV and output projections via sk.ops.linear"
     return (f"standardkernels: ON for {build}; in every scheduler process: {', '.join(LAYER_HOOKS)} "
             f"(forward_cuda and forward_native) via sk.ops; {fused}; strict={'on' if strict else 'off'}; "
             f"per-process reports in {report_dir} (schedulers write theirs when /server_info is asked)")

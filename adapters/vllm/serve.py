@@ -29,6 +29,8 @@ def activation_summary(strict: bool, report_dir: str) -> str:
     classes = ", ".join(c for cs in FUSED_DECODER_LAYERS.values() for c in cs)
     fused = (f"decoder-layer norm + MLP via sk.ops.fused_gated_mlp in {classes}" if settings.get("fused_mlp")
              else f"decoder-layer fused blocks off ({settings.env_name('fused_mlp')}=0)")
+    if settings.get("attention_linear"):
+        fused += "; attention QKV and output projections via sk.ops.linear"
     return (
         f"standardkernels: ON for {build}; in every engine process: RMSNorm (plain and fused-residual) via the "
         f"vllm.ir provider 'sk', GemmaRMSNorm, SiluAndMul, GeluAndMul via sk.ops; {fused}; "
