@@ -1,5 +1,6 @@
 """Compile the gated-MLP kernels for sm90 on any machine (no GPU: Triton's own ptxas) at the table's configs and
-report, per kernel, the shared-memory buffers of each GEMM operand tile (both must be num_stages deep: a
+report, per kernel (and the down kernel as `sk.ops.linear` launches it, `compile_kernel(linear=True)`), the
+shared-memory buffers of each GEMM operand tile (both must be num_stages deep: a
 shallower one is the pipeliner race the GEGLU op met, see triton_kernels' docstring), shared memory, and
 whether the products became wgmma. Run without TRITON_INTERPRET.
 
@@ -26,7 +27,9 @@ def _desc(rows, cols):
     return f"tensordesc<bf16[{rows}, {cols}]>"
 
 
-def compile_kernel(kind, c, d, ff, *, residual=True, layer=False):
+def compile_kernel(kind, c, d, ff, *, residual=True, layer=False, linear=False):
+    """kind "gate_up" or "down" (d outputs, ff deep); `linear`: the down kernel as sk.ops.linear launches it (no
+    PDL, the split-K counters re-zeroed by the kernel)."""
     if kind == "gate_up":
         signature = {"h_desc": _desc(c.block_m, c.block_k), "w_desc": _desc(c.block_n, c.block_k), "h_ptr": "*bf16",
                      "stats_ptr": "*fp32", "colsum_ptr": "*fp32", "shift_ptr": "*fp32", "a_ptr": "*bf16",
@@ -43,7 +46,7 @@ def compile_kernel(kind, c, d, ff, *, residual=True, layer=False):
                      "y_desc": _desc(c.block_m, c.block_n), "partial_ptr": "*fp32", "arrivals_ptr": "*i32",
                      "n_rows": "i32", "d": "i32"}
         constexprs = dict(K_BLOCKS_PER_SPLIT=cdiv(cdiv(ff, c.block_k), c.split_k), HAS_BIAS=True,
-                          SPLIT_K=c.split_k, SWAP_AB=c.swap_ab, PDL=True)
+                          SPLIT_K=c.split_k, SWAP_AB=c.swap_ab, PDL=not linear, RESET_ARRIVALS=linear)
         fn = tk.down_kernel
     constexprs.update(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=SM90,

@@ -205,3 +205,37 @@ def test_gpu_graph_replay_with_fresh_inputs_reuses_the_zeroed_counters(m, n, k):
             graph.replay()
             assert torch.equal(out, want)
     assert not tk.linear_counters(x.device).any()
+
+
+# ------------------------------------------------------------------------------------ compiled for sm90 (any machine)
+
+_COMPILE_CHECK = r"""
+import json, re, sys
+sys.path.insert(0, "benchmarks")
+from compile_report_gated_mlp import compile_kernel, tk
+found = {}
+for m, n, k in ((1, 6144, 4096), (8, 4096, 4096), (32, 3072, 2048)):
+    c = tk.linear_config(m, n, k, 132)
+    kernel = compile_kernel("down", c, n, k, linear=True)
+    found[f"{m}x{n}x{k}"] = {"stages": c.num_stages, "split": c.split_k, "wgmma": "wgmma" in kernel.asm["ptx"],
+                             "buffers": [int(b) for b in re.findall(r"ttg\.local_alloc : \(\) -> !ttg\.memdesc<(\d+)x\d+x\d+x",
+                                                                     kernel.asm["ttgir"])]}
+print(json.dumps(found))
+"""
+
+
+def test_linear_configs_compile_for_sm90_on_wgmma_with_every_operand_fully_buffered():
+    """The split-K kernel as sk.ops.linear launches it, compiled for sm90 (Triton's own ptxas, no GPU) at the
+    attention projections' decode configs: both operand tiles num_stages deep, the products on wgmma, K split."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _COMPILE_CHECK], cwd=repo, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for shape, r in json.loads(out.stdout.splitlines()[-1]).items():
+        assert r["wgmma"] and r["buffers"] == [r["stages"]] * 2 and r["split"] > 1, (shape, r)
