@@ -189,22 +189,32 @@ def test_gpu_bf16_matches_fp64_and_cublas(m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(1, 6144, 4096), (32, 4096, 4096)])
-def test_gpu_graph_replay_with_fresh_inputs_reuses_the_zeroed_counters(m, n, k):
-    """Replays of a captured call (the persistent counters, made before the capture, read by every replay) onto
-    fresh inputs and poisoned outputs give the eager call's bits."""
+@pytest.mark.parametrize("warmed_on_the_capture_stream", [True, False])
+def test_gpu_graph_replay_with_fresh_inputs(m, n, k, warmed_on_the_capture_stream):
+    """Replays of a captured call onto fresh inputs and poisoned outputs give the eager call's bits: warmed up on
+    the capture's stream (as vLLM and SGLang do), the graph reads that stream's persistent counters; captured on
+    a stream that never ran the op, it zeroes counters of its own inside the graph."""
     x, w, b = make(m, n, k, torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
     with torch.no_grad():
-        sk.ops.linear(x, w, b)  # compiles and makes the counters before the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = sk.ops.linear(x, w, b)
+        sk.ops.linear(x, w, b)  # compiles the kernel (on the default stream)
+        with torch.cuda.stream(stream):
+            if warmed_on_the_capture_stream:
+                sk.ops.linear(x, w, b)
+            persistent = tk.linear_counters(x.device)
+            with torch.cuda.graph(graph, stream=stream):
+                out = sk.ops.linear(x, w, b)
+        assert (persistent is not None) == warmed_on_the_capture_stream
         for seed in range(3):
             x.copy_(make(m, n, k, torch.bfloat16, device="cuda", seed=10 + seed)[0])
             want = sk.ops.linear(x, w, b)
             out.fill_(float("nan"))
             graph.replay()
+            torch.cuda.synchronize()
             assert torch.equal(out, want)
-    assert not tk.linear_counters(x.device).any()
+        if persistent is not None:
+            assert not persistent.any()
 
 
 # ------------------------------------------------------------------------------------ compiled for sm90 (any machine)

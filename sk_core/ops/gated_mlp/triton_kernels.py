@@ -364,10 +364,12 @@ def forward_kernels(
 
 # Rows up to which `sk.ops.linear` runs the split-K kernel (the down kernel on its own); above, cuBLAS.
 LINEAR_MAX_M = 32
-# Split-K arrival counters kept per device, zeroed once and re-zeroed by the kernel itself (RESET_ARRIVALS):
-# enough for 2048 output tiles (N up to 131072 at 64-column tiles); a larger call zeroes a buffer of its own.
+# Split-K arrival counters kept per (device, stream), zeroed once and re-zeroed by the kernel itself
+# (RESET_ARRIVALS): kernels of one stream run one after the other, so they can share one buffer; another stream
+# gets its own. Enough for 2048 output tiles (N up to 131072 at 64-column tiles); a larger call, or the first on
+# a stream met inside a CUDA-graph capture, zeroes a buffer of its own (a memset in the graph: correct, slower).
 LINEAR_COUNTERS = 2048
-_linear_counters: dict[torch.device, torch.Tensor] = {}
+_linear_counters: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 def linear_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
@@ -376,22 +378,28 @@ def linear_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
     return fit_split(DOWN_CONFIGS[shape_class(m)], m, n, k, sms)
 
 
-def _counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """Zeroed split-K counters for `tiles` tiles: the device's persistent buffer (made outside any CUDA-graph
-    capture: a graph reads it at every replay, and the kernels leave it zeroed), else a zeroed one for this call."""
-    buffer = _linear_counters.get(device)
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if buffer is None and tiles <= LINEAR_COUNTERS and not capturing:
-        buffer = _linear_counters[device] = torch.zeros(LINEAR_COUNTERS, dtype=torch.int32, device=device)
-    if buffer is not None and tiles <= buffer.numel():
-        return buffer
-    return torch.zeros(tiles, dtype=torch.int32, device=device)
+def _stream_key(device: torch.device) -> tuple[torch.device, int]:
+    return device, (torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
 
 
 def linear_counters(device: torch.device) -> Optional[torch.Tensor]:
-    """The device's persistent split-K counters of `linear_kernels` (None before its first split call there):
-    zero between calls."""
-    return _linear_counters.get(device)
+    """The persistent split-K counters of `linear_kernels` on `device`'s current stream (None before its first
+    split call there): zero between calls."""
+    return _linear_counters.get(_stream_key(device))
+
+
+def _counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed split-K counters for `tiles` tiles: the current stream's persistent buffer (made outside any
+    CUDA-graph capture: a graph reads it at every replay, and the kernels leave it zeroed), else a zeroed one
+    for this call."""
+    key = _stream_key(device)
+    buffer = _linear_counters.get(key)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if buffer is None and tiles <= LINEAR_COUNTERS and not capturing:
+        buffer = _linear_counters[key] = torch.zeros(LINEAR_COUNTERS, dtype=torch.int32, device=device)
+    if buffer is not None and tiles <= buffer.numel():
+        return buffer
+    return torch.zeros(tiles, dtype=torch.int32, device=device)
 
 
 def linear_kernels(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
