@@ -518,15 +518,7 @@ def test_table_configs_compile_for_sm90_on_wgmma_with_every_operand_fully_buffer
     every shape class's config, and the gate/up kernel with the statistics summed in its loop, and check that
     both operand tiles get num_stages shared buffers (the GEGLU op's H200 failure: one fewer for a tile also
     read from registers) and that the products run on wgmma. Subprocess: without the interpreter."""
-    import json
-    import os
-    import pathlib
-    import subprocess
-    import sys
-    repo = pathlib.Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", _COMPILE_CHECK], cwd=repo, env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    for kernel, r in json.loads(out.stdout.splitlines()[-1]).items():
+    from sm90_compile import run_compile_check
+
+    for kernel, r in run_compile_check(_COMPILE_CHECK).items():
         assert r["wgmma"] and r["buffers"] == [r["stages"]] * 2, (kernel, r)

@@ -237,15 +237,7 @@ print(json.dumps(found))
 def test_linear_configs_compile_for_sm90_on_wgmma_with_every_operand_fully_buffered():
     """The split-K kernel as sk.ops.linear launches it, compiled for sm90 (Triton's own ptxas, no GPU) at the
     attention projections' decode configs: both operand tiles num_stages deep, the products on wgmma, K split."""
-    import json
-    import os
-    import pathlib
-    import subprocess
-    import sys
-    repo = pathlib.Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", _COMPILE_CHECK], cwd=repo, env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    for shape, r in json.loads(out.stdout.splitlines()[-1]).items():
+    from sm90_compile import run_compile_check
+
+    for shape, r in run_compile_check(_COMPILE_CHECK).items():
         assert r["wgmma"] and r["buffers"] == [r["stages"]] * 2 and r["split"] > 1, (shape, r)
