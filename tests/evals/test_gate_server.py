@@ -109,7 +109,7 @@ def test_server_path_passes_and_scores_as_in_process(tmp_path):
     (result,) = json.loads((tmp_path / "served" / "gate.json").read_text())
     assert result["runs"]["ours"]["backend"] == "local-completions"
     assert result["runs"]["ours"]["server_exit_status"] == 0
-    assert {op for op, n in result["activity"]["op_calls"].items() if n} >= {"silu_and_mul"}
+    assert {op for op, n in result["activity"]["op_calls"].items() if n} >= {"fused_gated_mlp/rms"}  # norm + MLP
     assert "through sk-serve" in served.stdout and "gate: PASS" in served.stdout
 
     in_process = _gate(str(scenario), "--enforce-eager", "--limit", str(LIMIT), "--out", str(tmp_path / "direct"))
