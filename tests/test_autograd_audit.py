@@ -129,6 +129,21 @@ def _gated_mlp_entry(norm, activation, residual):
     return shapes, call, fp64
 
 
+def _linear_entry(bias):
+    """linear: leaves x, weight [n_out, n] (n_out unlike n, and odd) and the bias."""
+    def n_out(n):
+        return n + 5
+    shapes = [lambda lead, n: (*lead, n), lambda lead, n: (n_out(n), n)] + ([lambda lead, n: (n_out(n),)] if bias
+                                                                             else [])
+
+    def call(view, x, w, *b):
+        return (sk.ops.linear(view(x), w, *b),)
+
+    def fp64(view, x, w, *b):
+        return (view(x) @ w.t() + (b[0] if b else 0),)
+    return shapes, call, fp64
+
+
 # Every public op of sk.ops, with each variant its arguments select.
 AUDIT = {
     "rms_norm": [_norm_entry("rms_norm")],
@@ -143,6 +158,7 @@ AUDIT = {
     "fused_gated_mlp": [_gated_mlp_entry("rms", "silu", residual=True),
                         _gated_mlp_entry("gemma_rms", "gelu_tanh", residual=False),
                         _gated_mlp_entry("layer", "gelu", residual=True)],
+    "linear": [_linear_entry(bias=True), _linear_entry(bias=False)],
 }
 # Every public module of sk.nn (audited below).
 MODULES = {"PreNormGEGLUFFN", "RMSNorm", "GemmaRMSNorm", "GatedMLP", "PreNormGatedFFN", "PreNormSwiGLUFFN"}
