@@ -134,11 +134,16 @@ def shard_miss(norm_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Ten
     return None
 
 
+# Devices whose layers are fused without asking the op's coverage: on CPU the engine's path is PyTorch too (the op's
+# reference, recorded, is what the CPU engine tests run); meta weights are not placed yet (SGLang's layered loader
+# builds the model on the meta device), so the op decides, and records, at its calls.
+UNJUDGED_DEVICES = ("cpu", "meta")
+
+
 def kernel_gap(norm: str, gate_up_weight: torch.Tensor) -> str | None:
     """Why a GPU layer keeps the engine's path: the op has no kernel for its device, dtype or shape (its PyTorch
-    reference would run, slower than the engine's own kernels), or None. On CPU the layer is fused all the same:
-    there the engine's path is PyTorch too, and the op's reference (recorded) is what the CPU engine tests run."""
-    if gate_up_weight.device.type == "cpu":
+    reference would run, slower than the engine's own kernels), or None (also for `UNJUDGED_DEVICES`)."""
+    if gate_up_weight.device.type in UNJUDGED_DEVICES:
         return None
     d_model, d_ff = gate_up_weight.shape[1], gate_up_weight.shape[0] // 2
     miss = sk.ops.gated_mlp.kernel_miss(gate_up_weight, norm, d_model, d_ff)
@@ -273,7 +278,7 @@ def projection_miss(name: str, proj: torch.nn.Module | None, unquantized: tuple[
     weight = getattr(proj, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return f"{name} has no 2-D weight"
-    if weight.device.type != "cpu":  # as kernel_gap: on a GPU the reference would lose to the engine's GEMM
+    if weight.device.type not in UNJUDGED_DEVICES:  # as kernel_gap: on a GPU the reference loses to the engine
         miss = sk.ops.gated_mlp.linear_kernel_miss(weight, weight.shape[0], weight.shape[1])
         if miss:
             return f"no sk.ops.linear kernel covers it ({miss})"

@@ -192,14 +192,21 @@ def test_uncovered_layers_keep_the_engine_path_with_the_reason():
     assert plans == {"layers.0": "LoRA is enabled (vLLM wraps the linears after loading)"}
 
 
-def test_gpu_layers_without_a_kernel_keep_the_engine_path():
-    # Off the CPU a layer no kernel covers (device, dtype, shape) would run the op's PyTorch reference, slower
-    # than the engine's own kernels: it keeps the engine's path. Meta tensors stand for such a device here.
-    layer = _layer().to("meta")
+def test_gpu_layers_without_a_kernel_keep_the_engine_path(monkeypatch):
+    # On a GPU a layer no kernel covers (device, dtype, shape) would run the op's PyTorch reference, slower than
+    # the engine's own kernels: it keeps the engine's path. Weights not placed yet (meta) are fused: the op decides
+    # at its calls. Here meta tensors, judged, stand for a device without kernels.
+    unplaced = Model([_with_attention(_layer()).to("meta")])
+    assert list(_fuse(unplaced).fused) == ["layers.0"]
+    monkeypatch.setattr(fused_blocks, "UNJUDGED_DEVICES", ("cpu",))
+    layer = _with_attention(_layer()).to("meta")
     blocks = _fuse(Model([layer]))
     assert blocks.fused == {} and blocks.engine_path == {
         "layers.0": "LlamaDecoderLayer: no fused_gated_mlp kernel covers it (device type 'meta' has no kernels)"}
     assert not isinstance(layer.mlp, fused_blocks.MlpComputedByNorm)
+    vllm_blocks.route_model_projections(Model([layer]), blocks=blocks, batch_invariant=False)
+    assert blocks.projections == {} and blocks.projections_engine_path["layers.0.self_attn.o_proj"] == \
+        "no sk.ops.linear kernel covers it (device type 'meta' has no kernels)"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
