@@ -140,14 +140,21 @@ def shard_miss(norm_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Ten
 UNJUDGED_DEVICES = ("cpu", "meta")
 
 
-def kernel_gap(norm: str, gate_up_weight: torch.Tensor) -> str | None:
-    """Why a GPU layer keeps the engine's path: the op has no kernel for its device, dtype or shape (its PyTorch
-    reference would run, slower than the engine's own kernels), or None (also for `UNJUDGED_DEVICES`)."""
-    if gate_up_weight.device.type in UNJUDGED_DEVICES:
+def placed_weight_miss(weight: torch.Tensor, op: str, miss: Callable[[], str | None]) -> str | None:
+    """Why a layer whose weight is placed on a GPU keeps the engine's path: `op` has no kernel for its device,
+    dtype or shape (`miss()`, the op's own coverage verdict; its PyTorch reference would run, slower than the
+    engine's kernels), or None (also on `UNJUDGED_DEVICES`)."""
+    if weight.device.type in UNJUDGED_DEVICES:
         return None
+    reason = miss()
+    return None if reason is None else f"no {op} kernel covers it ({reason})"
+
+
+def kernel_gap(norm: str, gate_up_weight: torch.Tensor) -> str | None:
+    """`placed_weight_miss` of the fused block (fused_gated_mlp at this layer's d_model, d_ff and norm)."""
     d_model, d_ff = gate_up_weight.shape[1], gate_up_weight.shape[0] // 2
-    miss = sk.ops.gated_mlp.kernel_miss(gate_up_weight, norm, d_model, d_ff)
-    return None if miss is None else f"no fused_gated_mlp kernel covers it ({miss})"
+    return placed_weight_miss(gate_up_weight, "fused_gated_mlp",
+                              lambda: sk.ops.gated_mlp.kernel_miss(gate_up_weight, norm, d_model, d_ff))
 
 
 def plan_projections(norm_attr: str, norm: str, norm_module: torch.nn.Module, mlp: torch.nn.Module,
@@ -226,16 +233,18 @@ class FusedBlocks:
         coverage = sk.coverage.report()
         calls = {op: n for op, n in coverage["kernel_calls"].items() if op.startswith("fused_gated_mlp")}
         prepared = {op: n for op, n in coverage["weights_prepared"].items() if op.startswith("fused_gated_mlp")}
-        fallbacks = [f for f in coverage["fallbacks"] if f["op"].startswith("fused_gated_mlp")]
-        linear_fallbacks = [f for f in coverage["fallbacks"] if f["op"] == LINEAR]
+
+        def fallbacks(ops: Callable[[str], bool]) -> dict:
+            found = [f for f in coverage["fallbacks"] if ops(f["op"])]
+            return {"fallback_calls": sum(f["count"] for f in found),
+                    "fallback_reasons": sorted({f["reason"] for f in found})}
         return {"enabled": self.disabled is None, "disabled": self.disabled, "what": WHAT,
                 "layers_fused": len(self.fused), "fused": dict(self.fused), "engine_path": dict(self.engine_path),
-                "kernel_calls": calls, "weights_prepared": prepared, "fallback_calls": sum(f["count"] for f in fallbacks),
-                "fallback_reasons": sorted({f["reason"] for f in fallbacks}),
+                "kernel_calls": calls, "weights_prepared": prepared,
+                **fallbacks(lambda op: op.startswith("fused_gated_mlp")),
                 "projections": {"routed": len(self.projections), "engine_path": dict(self.projections_engine_path),
                                 "kernel_calls": coverage["kernel_calls"].get(LINEAR, 0),
-                                "fallback_calls": sum(f["count"] for f in linear_fallbacks),
-                                "fallback_reasons": sorted({f["reason"] for f in linear_fallbacks})}}
+                                **fallbacks(lambda op: op == LINEAR)}}
 
 
 # ----------------------------------------------------------------------------------------------- projections
@@ -278,11 +287,8 @@ def projection_miss(name: str, proj: torch.nn.Module | None, unquantized: tuple[
     weight = getattr(proj, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return f"{name} has no 2-D weight"
-    if weight.device.type not in UNJUDGED_DEVICES:  # as kernel_gap: on a GPU the reference loses to the engine
-        miss = sk.ops.gated_mlp.linear_kernel_miss(weight, weight.shape[0], weight.shape[1])
-        if miss:
-            return f"no sk.ops.linear kernel covers it ({miss})"
-    return None
+    return placed_weight_miss(weight, "sk.ops.linear",
+                              lambda: sk.ops.gated_mlp.linear_kernel_miss(weight, weight.shape[0], weight.shape[1]))
 
 
 def route_projections(attention: torch.nn.Module, prefix: str, unquantized: tuple[str, ...], blocks: FusedBlocks,
