@@ -3,7 +3,7 @@ sequences, per call inside a CUDA graph (sk.bench.timing: 20 calls a replay, med
 interleaved; fewer calls and replays at M >= 2048). bf16, with a residual (the engines' form).
 
     python benchmarks/bench_gated_mlp.py --out DIR [--quick] [--shapes a,b] [--m 1,8,...] [--no-compile]
-                                         [--budget-s S] [--sweep]
+                                         [--budget-s S] [--sweep] [--kernels]
 
 Implementations (each where importable):
   ours        sk.ops.fused_gated_mlp (strict: a fallback is an error, never a silently slow row)
@@ -16,8 +16,10 @@ Implementations (each where importable):
   eager       the PyTorch reference (sk.ops.gated_mlp.gated_mlp_reference) in bf16
   compile     torch.compile(mode="max-autotune-no-cudagraphs") of the reference, while the run's time budget
               (--budget-s) lasts; later cases record "skipped: time budget"
-Per case also: the bf16 relative error against the fp64 reference (first 256 rows) of ours and of the best
-available peer sequence; at M <= 32 the weight-streaming floor (weight bytes / measured copy bandwidth) and
+`--kernels` adds, per case, each implementation's kernels and their GPU time per call (torch.profiler over
+eager calls, sk.bench.timing.profile_per_step): where a sequence's time goes, kernel by kernel (`kernels` in the
+JSON, a second Markdown table). Per case also: the bf16 relative error against the fp64 reference (first 256
+rows) of ours and of the best available peer sequence; at M <= 32 the weight-streaming floor (weight bytes / measured copy bandwidth) and
 ours as a percentage of it. Writes DIR/bench_gated_mlp.json and .md (GPU, versions, date, command).
 
 `--sweep` instead times candidate configs of the two GEMM kernels (sk.ops.gated_mlp.triton_kernels.GemmConfig,
@@ -40,7 +42,7 @@ import torch
 import sk
 from sk.bench import peers as peer_libs
 from sk.bench.tables import cell, failure_lines, heading
-from sk.bench.timing import copy_bandwidth_tbps, environment, graph_time_us, side_by_side_us
+from sk.bench.timing import copy_bandwidth_tbps, environment, graph_time_us, profile_per_step, side_by_side_us
 from sk.ops.gated_mlp import gated_mlp_reference
 from sk.ops.gated_mlp import triton_kernels as tk
 from sk.ops.gated_mlp import weights
@@ -153,7 +155,7 @@ def implementations(p, norm, activation, peers, with_compile, log):
     return fns, seq_state
 
 
-def bench_case(shape, m, d, ff, norm, activation, peers, bw_tbps, with_compile, log):
+def bench_case(shape, m, d, ff, norm, activation, peers, bw_tbps, with_compile, log, kernels=False):
     p = make_problem(m, d, ff, norm)
     row = {"shape": shape, "M": m, "d_model": d, "d_ff": ff, "norm": norm, "activation": activation}
     weight_bytes = (3 * ff * d) * 2
@@ -187,6 +189,9 @@ def bench_case(shape, m, d, ff, norm, activation, peers, bw_tbps, with_compile, 
             log(f"[{shape} M={m}] {name} could not be timed: {type(e).__name__}: {e}")
         with sk.coverage.strict():
             times = side_by_side_us(fns, on_error=failed, **replay_plan(m))
+            if kernels:
+                row["kernels"] = {name: [(k["name"], k["us"]) for k in profile_per_step(fn, steps=5)["kernels"]]
+                                  for name, fn in fns.items() if name != "compile"}
     for name, us in times.items():
         row[f"{name}_us"] = us
     ours = row.get("ours_us")
@@ -224,7 +229,14 @@ def markdown(rows, env, bw, command) -> str:
                      f"{f(r.get('speedup_vs_best_peer'), '{:.2f}x')} | "
                      f"{f(r.get('pct_of_floor'), '{:.0f}%')} | {f(r.get('rel_err_ours'), '{:.1e}')} | "
                      f"{f(r.get('rel_err_peer_sequence'), '{:.1e}')} |")
-    return "\n".join(lines + failure_lines(rows, "shape")) + "\n"
+    lines += failure_lines(rows, "shape")
+    if any("kernels" in r for r in rows):
+        lines += ["", "Kernels per call (µs, torch.profiler over eager calls; names cut at 60 characters):", "",
+                  "| shape | M | implementation | kernel | µs |", "|---|---|---|---|---|"]
+        for r in rows:
+            for name, ks in r.get("kernels", {}).items():
+                lines += [f"| {r['shape']} | {r['M']} | {name} | `{k[:60]}` | {us:.1f} |" for k, us in ks]
+    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------------------------- sweep
@@ -304,6 +316,8 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                         help="start no torch.compile peer after this many seconds of the run")
     parser.add_argument("--sweep", action="store_true", help="time candidate GEMM configs instead of the peers")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also each implementation's kernels and their time per call (torch.profiler)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_gated_mlp needs a CUDA GPU: its timings are CUDA-graph replays", file=sys.stderr)
@@ -340,7 +354,7 @@ def main(argv=None) -> int:
     for s in shapes:
         for m in ms:
             with_compile = not (args.no_compile or args.quick) and time.time() - start < args.budget_s
-            row = bench_case(s, m, *SHAPES[s], peers, bw, with_compile, log)
+            row = bench_case(s, m, *SHAPES[s], peers, bw, with_compile, log, kernels=args.kernels)
             if not with_compile and not (args.no_compile or args.quick):
                 row.setdefault("notes", []).append("compile skipped: time budget")
             rows.append(row)

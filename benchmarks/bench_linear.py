@@ -1,7 +1,8 @@
-"""sk.ops.linear at the decoder's attention-side projections (QKV and output), side by side in one run with cuBLAS
-(torch.nn.functional.linear: what vLLM's and SGLang's unquantized linear layers call on CUDA), per call inside a
-CUDA graph (sk.bench.timing: 20 calls a replay, medians, implementations interleaved). bf16, with no bias (the
-Llama/Qwen/Gemma projections have none).
+"""sk.ops.linear's split-K kernel (backend="split_k") at the decoder's attention-side projections (QKV and
+output), side by side in one run with cuBLAS (torch.nn.functional.linear: what vLLM's and SGLang's unquantized
+linear layers call on CUDA, and the op's default backend), per call inside a CUDA graph (sk.bench.timing: 20
+calls a replay, medians, implementations interleaved). bf16, with no bias (the Llama/Qwen/Gemma projections have
+none).
 
     python benchmarks/bench_linear.py --out DIR [--shapes a,b] [--m 1,8,...] [--sweep]
 
@@ -61,7 +62,7 @@ def make_problem(m, n, k, seed=0):
 def bench_case(shape, m, n, k, bw_tbps, log):
     x, w = make_problem(m, n, k)
     row = {"shape": shape, "M": m, "N": n, "K": k, "weight_mb": n * k * 2 / 1e6}
-    fns = {"ours": lambda: sk.ops.linear(x, w), "cublas": lambda: torch.nn.functional.linear(x, w)}
+    fns = {"ours": lambda: sk.ops.linear(x, w, backend="split_k"), "cublas": lambda: torch.nn.functional.linear(x, w)}
     with torch.no_grad():
         ref = torch.nn.functional.linear(x[:ERR_ROWS].double(), w.double())
         for name, fn in fns.items():

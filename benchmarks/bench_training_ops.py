@@ -26,8 +26,8 @@ Peers are imported when present and skipped (logged) otherwise:
   Liger is called as its own modules call it: `LigerRMSNormFunction` (in_place=True, its default: dx is written
   into dy's memory), `LigerFusedAddRMSNormFunction`, `LigerSiLUMulFunction` / `LigerGELUMulFunction` (tanh GELU
   only) on separate contiguous gate and up tensors (its API; the bytes are the same).
-- QuACK, `quack-kernels==0.6.5` as pinned in ci/gpu/cute.lock.txt (`quack.rmsnorm.RMSNormFunction`, RMSNorm
-  and the residual form; no Gemma offset, no activations).
+- QuACK, `quack-kernels==0.6.5` as pinned in ci/gpu/cute.lock.txt (`quack.rmsnorm.RMSNormFunction`, RMSNorm,
+  Gemma's 1 + w as its weight_offset, and the residual form; no activations).
 - torch.compile of the PyTorch references (default mode, dynamic=True: one compile per op for every M, the
   width static; Inductor generates the backward too).
 
@@ -97,9 +97,10 @@ def _peers(log) -> dict:
     except Exception as e:
         log(f"liger-kernel not importable ({type(e).__name__}: {e}); skipped")
     try:
-        from quack import rmsnorm as quack_rmsnorm
+        import importlib
 
-        found["quack"] = quack_rmsnorm.RMSNormFunction
+        # The module: `quack.rmsnorm` as an attribute is the function the package re-exports.
+        found["quack"] = importlib.import_module("quack.rmsnorm").RMSNormFunction
     except Exception as e:
         log(f"quack.rmsnorm not importable ({type(e).__name__}: {e}); skipped")
     return found
@@ -161,9 +162,9 @@ def _norm_cases(peers, dtype, rows_list, compile_on, weight_dtype) -> list[Case]
                 lrms = peers["liger"][0]
                 fns["liger"] = lambda x, w, o=offset: lrms.apply(x, w, EPS, o, "gemma" if o else "llama")
                 liger_dy = dy.clone()  # Liger writes dx into dy's memory (in_place=True): its own copy
-            if "quack" in peers and not offset:
+            if "quack" in peers:  # Gemma's 1 + w: QuACK's weight_offset
                 qrms = peers["quack"]
-                fns["quack"] = lambda x, w: qrms.apply(x, w, None, None, None, None, EPS, False)
+                fns["quack"] = lambda x, w, o=offset: qrms.apply(x, w, None, None, None, None, EPS, False, o)
             impls = {k: _grad_step(f, (x, w), (liger_dy if k == "liger" else dy,)) for k, f in fns.items()}
             acc = None
             if m == ACCURACY_ROWS["norm"]:

@@ -1,7 +1,8 @@
 """sk.ops.linear: the split-K kernel against fp64 math (Triton's interpreter on CPU in fp32/fp16; bf16 on the GPU,
 at the engines' QKV and output-projection shapes), K splits summed in a fixed order and the persistent split-K
-counters left zeroed by every call (so that the next call, or a graph replay, finds them so); the routes (kernel
-up to 32 rows, cuBLAS above, the recorded reference outside coverage); the custom op (fake, torch.compile
+counters left zeroed by every call (so that the next call, or a graph replay, finds them so); the routes (cuBLAS
+by default; with backend="split_k" the kernel up to 32 rows, cuBLAS above; the recorded reference outside
+coverage); the custom op (fake, torch.compile
 fullgraph, autograd through the reference); argument errors.
 
 Tolerances: relative norm error against the fp64 reference on the same (rounded) inputs and weights; the
@@ -10,6 +11,7 @@ products are accumulated in fp32 and the output rounded once.
   bf16 (GPU): 1e-2, and no worse than 1.25x cuBLAS's own bf16 error + 1e-3.
 """
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -23,6 +25,9 @@ needs_interpreter = pytest.mark.skipif(not INTERPRETED_CPU, reason="needs TRITON
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 # Small tiles, so that the interpreter runs several tiles and K splits on small problems.
 SMALL = tk.GemmConfig(16, 16, 32, 4, 2, split_k=0, swap_ab=True)
+
+
+split_k = functools.partial(sk.ops.linear, backend="split_k")  # the kernel (the op's default is cuBLAS)
 
 
 def make(m, n, k, dtype, device=KERNEL_DEVICE, seed=0, bias=True):
@@ -78,19 +83,39 @@ def test_interpreted_op_routes_by_rows(monkeypatch):
     for m in (1, 32, 33, 100):
         x, w, b = make(m, 48, 64, torch.float16, seed=m)
         with torch.no_grad(), sk.coverage.strict():
-            got = sk.ops.linear(x, w, b)
+            got = split_k(x, w, b)
         assert rel_err(got, fp64(x, w, b)) < TOL[torch.float16]
     assert launched == [1, 32]
     assert sk.coverage.report()["kernel_calls"]["linear"] == 4
 
 
 @needs_interpreter
+def test_the_default_backend_is_cublas_and_launches_no_kernel_of_ours(monkeypatch):
+    """cuBLAS (torch's linear) by default, measured faster than the split-K kernel at most projection shapes on
+    the H200: counted as our op's call (no fallback), the same numbers."""
+    launched = []
+    monkeypatch.setattr(tk, "linear_kernels", lambda *a, **k: launched.append(a[0].shape[0]))
+    sk.coverage.reset()
+    x, w, b = make(4, 48, 64, torch.float16, seed=4)
+    with torch.no_grad(), sk.coverage.strict():
+        got = sk.ops.linear(x, w, b)
+    assert launched == [] and rel_err(got, fp64(x, w, b)) < TOL[torch.float16]
+    assert sk.coverage.report()["kernel_calls"]["linear"] == 1
+
+
+def test_an_unknown_backend_is_a_clear_error():
+    x, w, b = make(2, 8, 16, torch.float32, device="cpu")
+    with pytest.raises(ValueError, match=r"backend must be one of \('cublas', 'split_k'\); got 'triton'"):
+        sk.ops.linear(x, w, b, backend="triton")
+
+
+@needs_interpreter
 def test_interpreted_leading_dims_non_contiguous_x_and_empty_batches():
     x, w, b = make(12, 24, 32, torch.float16)
     x3 = x.view(3, 4, 32).transpose(0, 1)  # non-contiguous, leading dims (4, 3)
-    got = sk.ops.linear(x3, w, b)
+    got = split_k(x3, w, b)
     assert got.shape == (4, 3, 24) and rel_err(got, fp64(x3, w, b)) < TOL[torch.float16]
-    empty = sk.ops.linear(x[:0], w, b)
+    empty = split_k(x[:0], w, b)
     assert empty.shape == (0, 24)
 
 
@@ -100,8 +125,8 @@ def test_a_weight_in_another_dtype_is_cast_once():
     master = w.float()  # an FP32 master with fp16 activations
     sk.coverage.reset()
     for _ in range(3):
-        got = sk.ops.linear(x, master, b)
-    assert torch.equal(got, sk.ops.linear(x, w, b))
+        got = split_k(x, master, b)
+    assert torch.equal(got, split_k(x, w, b))
     assert sk.coverage.report()["weights_prepared"]["linear"] == 1
 
 
@@ -109,8 +134,8 @@ def test_a_weight_in_another_dtype_is_cast_once():
 def test_interpreted_compiled_and_eager_paths_agree():
     """torch.compile(fullgraph=True) traces the custom op (its fake gives the shape) and runs the same kernel."""
     x, w, b = make(5, 24, 32, torch.float16)
-    compiled = torch.compile(sk.ops.linear, backend="aot_eager", fullgraph=True)
-    assert torch.equal(compiled(x, w, b), sk.ops.linear(x, w, b))
+    compiled = torch.compile(split_k, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x, w, b), split_k(x, w, b))
 
 
 def test_fp32_takes_the_recorded_fallback_and_trains():
@@ -138,7 +163,7 @@ def test_strict_mode_raises_on_a_fallback_and_widths_not_multiples_of_8_fall_bac
 def test_custom_op_registration_passes_opcheck():
     x, w, b = make(5, 16, 24, torch.float64, device="cpu")
     for bias in (b, None):
-        torch.library.opcheck(torch.ops.sk.linear.default, (x, w, bias),
+        torch.library.opcheck(torch.ops.sk.linear.default, (x, w, bias, "split_k"),
                               test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
@@ -181,7 +206,7 @@ GPU_SHAPES = [(1, 6144, 4096), (8, 4096, 4096), (32, 3072, 2048), (3, 3072, 4096
 def test_gpu_bf16_matches_fp64_and_cublas(m, n, k):
     x, w, b = make(m, n, k, torch.bfloat16, device="cuda", seed=m)
     with torch.no_grad(), sk.coverage.strict():
-        out = sk.ops.linear(x, w, b)
+        out = split_k(x, w, b)
     want = fp64(x, w, b)
     ours, theirs = rel_err(out, want), rel_err(torch.nn.functional.linear(x, w, b), want)
     assert ours < TOL[torch.bfloat16] and ours <= 1.25 * theirs + 1e-3, (ours, theirs)
@@ -198,17 +223,17 @@ def test_gpu_graph_replay_with_fresh_inputs(m, n, k, warmed_on_the_capture_strea
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad():
-        sk.ops.linear(x, w, b)  # compiles the kernel (on the default stream)
+        split_k(x, w, b)  # compiles the kernel (on the default stream)
         with torch.cuda.stream(stream):
             if warmed_on_the_capture_stream:
-                sk.ops.linear(x, w, b)
+                split_k(x, w, b)
             persistent = tk.linear_counters(x.device)
             with torch.cuda.graph(graph, stream=stream):
-                out = sk.ops.linear(x, w, b)
+                out = split_k(x, w, b)
         assert (persistent is not None) == warmed_on_the_capture_stream
         for seed in range(3):
             x.copy_(make(m, n, k, torch.bfloat16, device="cuda", seed=10 + seed)[0])
-            want = sk.ops.linear(x, w, b)
+            want = split_k(x, w, b)
             out.fill_(float("nan"))
             graph.replay()
             torch.cuda.synchronize()

@@ -6,7 +6,9 @@
 # Steps that use one GPU can run side by side on a 2-GPU host (CUDA_VISIBLE_DEVICES=0 / =1), each on its own
 # half of the cores (taskset -c 0-15 / 16-31) so that one's compile work does not slow the other's timings.
 #   vllm-llama, vllm-gemma  stock vLLM vs our adapter vs the exported patch series (ci/gpu/export_check.py)
-#   vllm-trained            stock vLLM vs our adapter on the trained models (greedy tokens on peaked logits)
+#   vllm-trained            stock vLLM vs our adapter on the trained models (greedy tokens on peaked logits; six
+#                           engine starts, ~11 min on the H200: in a chain give it SK_STEP_TIMEOUT=900)
+#   vllm-trained-STYLE      one of them (llama, gemma, qwen3)
 #   tp2, tp2-trained        stock vLLM vs our adapter at tensor_parallel_size=2 (ci/gpu/vllm_check.py), on the
 #                           random Llama-style model / on the trained models (tp2-trained-llama, -gemma, -qwen3: one
 #                           of them; four tp=2 engine starts can outlast one call)
@@ -19,6 +21,8 @@
 #   eval                    sk eval on scenarios/h200-llama.yaml, CUDA graphs on
 #   selftest-MODEL-ENGINE   sk eval --self-test on h200-MODEL-ENGINE.yaml (in scenarios/): stock against stock
 #   pair-MODEL-ENGINE       sk eval on it: stock against our adapter, paired (e.g. pair-llama3-8b-sglang)
+#   bench-gated-mlp         benchmarks/bench_gated_mlp.py with the engines' kernels importable (vLLM's _C and
+#                           sgl_kernel as peers), each sequence's kernels timed too (--kernels)
 #   profile-MODEL-ENGINE    sk profile on it, stock: decode batch 1, 8, 64 and the 1024/128 throughput batch
 #                           ($SK_EVAL_WORKLOADS, comma-separated, replaces the workloads of selftest- and pair-;
 #                           SK_EVAL_CROSSED=1 adds --crossed: both start orders, the rounds pooled)
@@ -62,6 +66,8 @@ rm -rf "$work" && mkdir -p "$work" "$out"
 case $step in
   vllm-llama|vllm-gemma) command=(python3 ci/gpu/export_check.py "$work" --styles "${step#vllm-}") ;;
   vllm-trained)   command=(python3 ci/gpu/vllm_check.py "$work" --styles llama-trained gemma-trained qwen3-trained) ;;
+  vllm-trained-llama|vllm-trained-gemma|vllm-trained-qwen3)
+          command=(python3 ci/gpu/vllm_check.py "$work" --styles "${step#vllm-trained-}-trained") ;;
   tp2)    command=(python3 ci/gpu/vllm_check.py "$work" --tp 2 --styles llama) ;;
   tp2-trained)    command=(python3 ci/gpu/vllm_check.py "$work" --tp 2 --styles llama-trained gemma-trained) ;;
   tp2-trained-llama|tp2-trained-gemma|tp2-trained-qwen3)
@@ -82,6 +88,9 @@ case $step in
                    ${SK_EVAL_WORKLOADS:+--workloads "$SK_EVAL_WORKLOADS"})
           [ "${step%%-*}" = selftest ] && command+=(--self-test)
           [ "${SK_EVAL_CROSSED:-0}" = 1 ] && command+=(--crossed) ;;
+  bench-gated-mlp)
+          command=(python3 benchmarks/bench_gated_mlp.py --out "$work" --no-compile --kernels
+                   --shapes llama3.2-1b,llama3-8b,gemma-2b --m 1,8,32,128,2048) ;;
   profile-*)
           command=(python3 -m sk.cli profile "$PWD/scenarios/h200-${step#profile-}.yaml" --out "$work"
                    --workloads LLM.decode_batch_1,LLM.decode_batch_8,LLM.decode_batch_64,LLM.throughput) ;;

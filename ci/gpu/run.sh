@@ -9,8 +9,10 @@
 # Set SK_GPU_STEPS to a subset of "tests tune bench geglu training" to run less (or, for "training", more:
 # the training-ops benchmark with its launch sweep and the sk.nn.swap training run, not in the default set;
 # "training-tests": the training kernels' test files alone; "training-bench": the training-ops benchmark alone,
-# every size, torch.compile included; "linear": sk.ops.linear against cuBLAS at the attention projections, and
-# its tests; "linear-sweep": its split-K configs swept at Llama-3-8B's and Llama-3.2-1B's projections).
+# every size, torch.compile included; "training-bench-peers": the same without torch.compile (Liger, QuACK);
+# "linear": sk.ops.linear against cuBLAS at the attention projections, and
+# its tests and the fused blocks' GPU tests; "linear-sweep": its split-K configs swept at Llama-3-8B's and
+# Llama-3.2-1B's projections).
 set -uo pipefail
 out=${1:?usage: ci/gpu/run.sh OUTDIR}
 mkdir -p "$out"
@@ -44,8 +46,12 @@ for step in $steps; do
                       tests/test_nn_swap.py tests/test_autograd_audit.py 2>&1 | tee "$out/training_tests.log"
                     status=$((status | ${PIPESTATUS[0]})) ;;
     training-bench) python3 benchmarks/bench_training_ops.py --out "$out/training" 2>&1 | tee "$out/training.log" ;;
+    training-bench-peers) python3 benchmarks/bench_training_ops.py --no-compile --out "$out/training" 2>&1 \
+                            | tee "$out/training.log" ;;
     linear) python3 benchmarks/bench_linear.py --out "$out/linear" 2>&1 | tee "$out/linear.log"
             python3 -m pytest -q -p no:cacheprovider -rf tests/test_linear.py 2>&1 | tee "$out/linear_tests.log"
+            status=$((status | ${PIPESTATUS[0]}))
+            python3 -m pytest -q -p no:cacheprovider -rf -k gpu tests/adapters/test_fused_blocks.py 2>&1 | tee "$out/fused_blocks_gpu_tests.log"
             status=$((status | ${PIPESTATUS[0]})) ;;
     linear-sweep) python3 benchmarks/bench_linear.py --sweep --shapes llama3-8b-qkv,llama3-8b-o,llama3.2-1b-qkv \
                     --m 1,8,32 --out "$out/linear" 2>&1 | tee "$out/linear_sweep.log" ;;

@@ -9,9 +9,12 @@ This op is that kernel on its own, for the projections outside the fused MLP blo
 
     out = x @ weightᵀ (+ bias)      x (..., K), weight [N, K], bias [N]; products accumulated in fp32, rounded once
 
-Dispatch: bf16/fp16 CUDA tensors on SM90 (or CPU tensors under TRITON_INTERPRET=1) with N and K multiples of 8
-run the split-K kernel up to `LINEAR_MAX_M` rows and cuBLAS (`torch.nn.functional.linear`) above them;
-anything else runs `linear_reference`, recorded under the coverage row `linear` (an error under strict mode).
+Measured on the H200 (results/h200/gated_mlp/README.md, 2026-12-04), the kernel alone is slower than cuBLAS at
+most projection shapes (0.56–0.93× at M ≤ 32), so `backend="cublas"` (`torch.nn.functional.linear`) is the
+default and `backend="split_k"` asks for the kernel. Dispatch: bf16/fp16 CUDA tensors on SM90 (or CPU tensors
+under TRITON_INTERPRET=1) with N and K multiples of 8 run the chosen backend (split_k: up to `LINEAR_MAX_M` rows,
+cuBLAS above them); anything else runs `linear_reference`, recorded under the coverage row `linear` (an error
+under strict mode).
 A weight in another dtype or layout is cast once (`weight_cache.cast`), never per call. Training: the backward is
 autograd of the reference, recorded.
 """
@@ -29,6 +32,7 @@ from sk.ops.gated_mlp import triton_kernels
 from sk.ops.gated_mlp.common import is_eager
 
 OP = "linear"
+BACKENDS = ("cublas", "split_k")
 
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -54,7 +58,7 @@ def linear_kernel_miss(x: torch.Tensor, n: int, k: int) -> str | None:
     return coverage.miss_reason(OP, x, shape_miss=shape_miss(n, k))
 
 
-def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], backend: str) -> torch.Tensor:
     """x is 2-D and contiguous."""
     n, k = weight.shape
     tensors = [x, weight] + ([bias] if bias is not None else [])
@@ -63,7 +67,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
     dtype = x.dtype
     w = weight_cache.cast(OP, weight, dtype)
     b = None if bias is None else weight_cache.cast(OP, bias, dtype)
-    if x.shape[0] > triton_kernels.LINEAR_MAX_M:
+    if backend == "cublas" or x.shape[0] > triton_kernels.LINEAR_MAX_M:
         return torch.nn.functional.linear(x, w, b)
     tma = triton_kernels.tma_ready
     return triton_kernels.linear_kernels(tma(x), tma(w), b)
@@ -73,11 +77,11 @@ _op = torch.library.custom_op("sk::linear", mutates_args=())(_forward)
 
 
 @_op.register_fake
-def _(x, weight, bias):
+def _(x, weight, bias, backend):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
-attach_reference_backward(_op, lambda inputs: OP, linear_reference)
+attach_reference_backward(_op, lambda inputs: OP, lambda x, weight, bias, backend: linear_reference(x, weight, bias))
 
 
 def _check_args(x, weight, bias) -> None:
@@ -112,25 +116,29 @@ def _args_fit(x, weight, bias) -> bool:
                             and tuple(bias.shape) == (weight.shape[0],))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """A projection at decode sizes as one weight-streaming kernel:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           backend: str = "cublas") -> torch.Tensor:
+    """A projection, with our split-K weight-streaming kernel on request:
 
         out = x @ weightᵀ (+ bias)          x (..., K), weight [N, K], bias [N]  ->  out (..., N)
 
-    Products accumulated in fp32 and rounded once to x's dtype; the K splits of a tile are summed in a fixed
-    order (the same bits every run). bf16 and fp16 on SM90 with N and K multiples of 8 run our split-K kernel up
-    to 32 rows and cuBLAS above them; anything else (fp32, CPU, other widths) the PyTorch reference, recorded in
+    Products accumulated in fp32 and rounded once to x's dtype. `backend`: "cublas" (default; torch's linear,
+    measured faster than our kernel at most projection shapes on the H200) or "split_k" (our kernel up to 32 rows,
+    cuBLAS above; its K splits summed in a fixed order, the same bits every run), for bf16 and fp16 on SM90 with
+    N and K multiples of 8; anything else (fp32, CPU, other widths) the PyTorch reference, recorded in
     the Kernel Coverage report. A weight in another dtype than x is cast once and the copy reused (one copy of
     the weight in x's dtype), so call the op once before capturing a CUDA graph. Under autocast an fp32 x is
     converted to the autocast dtype.
     """
     if not _args_fit(x, weight, bias):
         _check_args(x, weight, bias)
+    if backend not in BACKENDS:
+        raise ValueError(f"sk.ops.{OP}: backend must be one of {BACKENDS}; got {backend!r}")
     device_type = x.device.type
     if x.dtype == torch.float32 and torch.is_autocast_enabled(device_type):
         x = x.to(torch.get_autocast_dtype(device_type))
     k = x.shape[-1]
     x2 = x.reshape(-1, k).contiguous()
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    out = _forward(x2, weight, bias) if not grad and is_eager(x2) else _op(x2, weight, bias)
+    out = _forward(x2, weight, bias, backend) if not grad and is_eager(x2) else _op(x2, weight, bias, backend)
     return out.view(*x.shape[:-1], weight.shape[0])
