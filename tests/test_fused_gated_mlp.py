@@ -133,6 +133,29 @@ def test_interpreted_launch_variants(launch, m, residual, poisoned_outputs):
     assert rel_err(out, fp64(block, x, r, norm, activation)[0]) < TOL[torch.float16]
 
 
+def test_large_blocks_stop_the_fused_kernels_at_fewer_rows():
+    # Llama-3-8B's 4096 x 14336 (and Qwen3-8B's 4096 x 12288) compose above 8 rows; Gemma-2B, Llama-3.2-1B and
+    # smaller blocks above 32 (the H200 measurements behind LARGE_MLP).
+    assert tk.fused_max_m(4096, 14336) == tk.fused_max_m(4096, 12288) == 8
+    assert tk.fused_max_m(2048, 16384) == tk.fused_max_m(2048, 8192) == tk.fused_max_m(64, 96) == 32
+
+
+@needs_interpreter
+def test_interpreted_large_block_rows_past_its_limit_compose(monkeypatch):
+    """A block above LARGE_MLP (made small here) runs the fused kernels up to 8 rows and composes at 9."""
+    monkeypatch.setattr(tk, "LARGE_MLP", 64 * 96 - 1)
+    block = {k: v if v is None or k == "norm_weight" else v.half() for k, v in make_block(64, 96, "rms", seed=5).items()}
+    fused_calls = []
+    real = tk.forward_kernels
+    monkeypatch.setattr(tk, "forward_kernels", lambda *a, **k: fused_calls.append(a[0].shape[0]) or real(*a, **k))
+    for m in (8, 9):
+        x = make_x(m, 64, torch.float16, seed=m)
+        with torch.no_grad(), sk.coverage.strict():
+            out, _ = call_op(block, x, None, "rms", "silu")
+        assert rel_err(out, fp64(block, x, None, "rms", "silu")[0]) < TOL[torch.float16]
+    assert fused_calls == [8]
+
+
 @needs_interpreter
 @pytest.mark.parametrize("norm,activation", [("rms", "silu"), ("gemma_rms", "gelu_tanh"), ("gemma_rms", "gelu")])
 @pytest.mark.parametrize("residual", [True, False])

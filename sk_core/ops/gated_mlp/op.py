@@ -3,8 +3,8 @@
 PyTorch reference.
 
 Dispatch: bf16/fp16 CUDA tensors on SM90 (or CPU tensors under TRITON_INTERPRET=1) with d_model and d_ff
-multiples of 8 within the table's limits run the kernels: the fused ones up to `FUSED_MAX_M` rows, above it
-(norms "rms" and "gemma_rms") our norm and activation kernels around cuBLAS's two GEMMs; anything else runs
+multiples of 8 within the table's limits run the kernels: the fused ones up to `triton_kernels.fused_max_m` rows
+(32; 8 for blocks larger than Gemma-2B's), above it (norms "rms" and "gemma_rms") our norm and activation kernels around cuBLAS's two GEMMs; anything else runs
 `gated_mlp_reference` and the miss is recorded under the coverage row `fused_gated_mlp/<norm>` (an error under `sk.coverage.strict()`).
 With grad mode on and an input that requires grad, the forward is the same; its backward is autograd of the
 reference, recorded as a backward fallback (inference kernels only: training stays correct).
@@ -75,7 +75,7 @@ def _forward(
                                down_bias, eps, norm, activation)
         return out, (h if residual is not None else x.new_empty(0))
     dtype = x.dtype
-    if x.shape[0] > triton_kernels.FUSED_MAX_M and norm != "layer":
+    if x.shape[0] > triton_kernels.fused_max_m(d, ff) and norm != "layer":
         return _composed(x, residual, norm_weight, gate_up_weight, gate_up_bias, down_weight, down_bias, eps, norm,
                          activation, name)
     gate_up = weights.prepared_gate_up(name, norm, norm_weight, norm_bias, gate_up_weight, gate_up_bias, dtype)
@@ -89,7 +89,7 @@ def _forward(
 
 def _composed(x, residual, norm_weight, gate_up_weight, gate_up_bias, down_weight, down_bias, eps, norm, activation,
               name):
-    """Above FUSED_MAX_M rows: our norm and activation kernels around cuBLAS's GEMMs (the engines' own sequence,
+    """Above `triton_kernels.fused_max_m` rows: our norm and activation kernels around cuBLAS's GEMMs (the engines' own sequence,
     where cuBLAS's tiles beat the fused kernels'); weights and biases in another dtype are cast once
     (`weight_cache.cast`), never per call."""
     from sk.ops.act_and_mul import gelu_and_mul, silu_and_mul

@@ -228,6 +228,16 @@ M_CLASSES = ((8, "m8"), (32, "m32"), (128, "m128"), (1024, "m1024"))
 # Rows above which the op composes cuBLAS GEMMs with our norm/activation kernels instead (norm "layer" excepted):
 # the fused kernels lose from M=128 on (0.60-0.86x at M=128, 0.91-1.05x in prefill: results/h200/gated_mlp/README.md).
 FUSED_MAX_M = 32
+# Above LARGE_MLP (d_model * d_ff, Gemma-2B's 2048 * 16384) the fused kernels stop at FUSED_MAX_M_LARGE rows: at
+# Llama-3-8B's 4096 * 14336 the composed route was faster at M = 32 in all four H200 runs (1-2.5 %), while at
+# Llama-3.2-1B and Gemma-2B the fused kernels won there by 3-10 % (results/h200/gated_mlp/README.md, 2026-12-04).
+LARGE_MLP = 2048 * 16384
+FUSED_MAX_M_LARGE = 8
+
+
+def fused_max_m(d: int, ff: int) -> int:
+    """Rows up to which the op runs its fused kernels for a d x ff block (norms "rms" and "gemma_rms")."""
+    return FUSED_MAX_M_LARGE if d * ff > LARGE_MLP else FUSED_MAX_M
 _DECODE_SWEEP = "results/h200/gated_mlp/2026-12-02/sweep-decode/bench_gated_mlp_sweep.json"
 GATE_UP_CONFIGS = {
     "m8": GemmConfig(16, 128, 128, 4, 3, swap_ab=True, dependent_launch="at_start", source=_DECODE_SWEEP),
