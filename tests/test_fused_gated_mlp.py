@@ -144,7 +144,8 @@ def test_large_blocks_stop_the_fused_kernels_at_fewer_rows():
 def test_interpreted_large_block_rows_past_its_limit_compose(monkeypatch):
     """A block above LARGE_MLP (made small here) runs the fused kernels up to 8 rows and composes at 9."""
     monkeypatch.setattr(tk, "LARGE_MLP", 64 * 96 - 1)
-    block = {k: v if v is None or k == "norm_weight" else v.half() for k, v in make_block(64, 96, "rms", seed=5).items()}
+    block = make_block(64, 96, "rms", seed=5)
+    block = {k: v if v is None or k == "norm_weight" else v.half() for k, v in block.items()}
     fused_calls = []
     real = tk.forward_kernels
     monkeypatch.setattr(tk, "forward_kernels", lambda *a, **k: fused_calls.append(a[0].shape[0]) or real(*a, **k))

@@ -51,7 +51,8 @@ for step in $steps; do
     linear) python3 benchmarks/bench_linear.py --out "$out/linear" 2>&1 | tee "$out/linear.log"
             python3 -m pytest -q -p no:cacheprovider -rf tests/test_linear.py 2>&1 | tee "$out/linear_tests.log"
             status=$((status | ${PIPESTATUS[0]}))
-            python3 -m pytest -q -p no:cacheprovider -rf -k gpu tests/adapters/test_fused_blocks.py 2>&1 | tee "$out/fused_blocks_gpu_tests.log"
+            python3 -m pytest -q -p no:cacheprovider -rf -k gpu tests/adapters/test_fused_blocks.py 2>&1 \
+              | tee "$out/fused_blocks_gpu_tests.log"
             status=$((status | ${PIPESTATUS[0]})) ;;
     linear-sweep) python3 benchmarks/bench_linear.py --sweep --shapes llama3-8b-qkv,llama3-8b-o,llama3.2-1b-qkv \
                     --m 1,8,32 --out "$out/linear" 2>&1 | tee "$out/linear_sweep.log" ;;

@@ -1,11 +1,11 @@
-"""`sk.ops.linear`: one projection, out = x @ weightᵀ (+ bias), with the family's split-K down kernel at decode sizes.
+"""`sk.ops.linear`: one projection, out = x @ weightᵀ (+ bias), by cuBLAS or on request the family's split-K kernel.
 
 At a few rows a projection is a weight stream: Llama-3-8B's QKV projection reads 50 MB to produce 6144 numbers a
 token. cuBLAS runs the engines' QKV and output projections there at 72–76 % of the weight-streaming floor plus a
 separate split-K reduction kernel (results/h200/engines/README.md, 2026-12-03 profile); the gated MLP's down
 kernel (`triton_kernels._down_kernel`: TMA loads, transposed product for few rows, K split over enough
 programs to fill the GPU, the splits summed in a fixed order by the tile's last program) streams at 90 % of it.
-This op is that kernel on its own, for the projections outside the fused MLP block:
+This op offers that kernel on its own, for the projections outside the fused MLP block:
 
     out = x @ weightᵀ (+ bias)      x (..., K), weight [N, K], bias [N]; products accumulated in fp32, rounded once
 
