@@ -4,7 +4,8 @@ PyTorch reference.
 
 Dispatch: bf16/fp16 CUDA tensors on SM90 (or CPU tensors under TRITON_INTERPRET=1) with d_model and d_ff
 multiples of 8 within the table's limits run the kernels: the fused ones up to `triton_kernels.fused_max_m` rows
-(32; 8 for blocks larger than Gemma-2B's), above it (norms "rms" and "gemma_rms") our norm and activation kernels around cuBLAS's two GEMMs; anything else runs
+(32; 8 for blocks larger than Gemma-2B's), above it (norms "rms" and "gemma_rms") our norm and activation kernels
+around cuBLAS's two GEMMs; anything else runs
 `gated_mlp_reference` and the miss is recorded under the coverage row `fused_gated_mlp/<norm>` (an error under `sk.coverage.strict()`).
 With grad mode on and an input that requires grad, the forward is the same; its backward is autograd of the
 reference, recorded as a backward fallback (inference kernels only: training stays correct).
@@ -89,8 +90,8 @@ def _forward(
 
 def _composed(x, residual, norm_weight, gate_up_weight, gate_up_bias, down_weight, down_bias, eps, norm, activation,
               name):
-    """Above `triton_kernels.fused_max_m` rows: our norm and activation kernels around cuBLAS's GEMMs (the engines' own sequence,
-    where cuBLAS's tiles beat the fused kernels'); weights and biases in another dtype are cast once
+    """Above `triton_kernels.fused_max_m` rows: our norm and activation kernels around cuBLAS's GEMMs (the engines'
+    own sequence, where cuBLAS's tiles beat the fused kernels'); weights and biases in another dtype are cast once
     (`weight_cache.cast`), never per call."""
     from sk.ops.act_and_mul import gelu_and_mul, silu_and_mul
     from sk.ops.rms_norm import fused_add_rms_norm, gemma_fused_add_rms_norm, gemma_rms_norm, rms_norm

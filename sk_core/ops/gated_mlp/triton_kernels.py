@@ -238,6 +238,8 @@ FUSED_MAX_M_LARGE = 8
 def fused_max_m(d: int, ff: int) -> int:
     """Rows up to which the op runs its fused kernels for a d x ff block (norms "rms" and "gemma_rms")."""
     return FUSED_MAX_M_LARGE if d * ff > LARGE_MLP else FUSED_MAX_M
+
+
 _DECODE_SWEEP = "results/h200/gated_mlp/2026-12-02/sweep-decode/bench_gated_mlp_sweep.json"
 GATE_UP_CONFIGS = {
     "m8": GemmConfig(16, 128, 128, 4, 3, swap_ab=True, dependent_launch="at_start", source=_DECODE_SWEEP),
