@@ -164,7 +164,7 @@ def _(x, activation):
 _GATED_MLP_OPS = '''
 
 # What the gated MLP covers: d_model and d_ff (this rank's shard) multiples of TMA_ALIGN (TMA's 16-byte rows), at
-# most these; bf16/fp16 activations on Hopper (SM90, where its launch configs were tuned), or any float dtype
+# most these; bf16/fp16 activations on NVIDIA Hopper (SM90, where its launch configs were tuned), or fp32 too
 # under Triton's interpreter (CPU tests).
 GATED_MLP_MAX_D_MODEL = {max_d_model}
 GATED_MLP_MAX_D_FF = {max_d_ff}
@@ -187,7 +187,12 @@ def fused_gated_mlp_supported(d_model: int, d_ff: int) -> bool:
         return False
     if _INTERPRETED:
         return True
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    # ROCm reports some AMD GPUs as (9, 0) too: TMA and PDL are NVIDIA's.
+    return (
+        torch.version.hip is None
+        and torch.cuda.is_available()
+        and torch.cuda.get_device_capability() == (9, 0)
+    )
 
 
 def fused_gated_mlp_launchable(x: torch.Tensor) -> bool:
@@ -203,11 +208,31 @@ def fused_gated_mlp_launchable(x: torch.Tensor) -> bool:
 _PREPARED: dict = {{}}
 
 
+def prepare_gate_up(norm_weight: torch.Tensor, gate_up_weight: torch.Tensor, norm: str) -> None:
+    """Fold this block's gate/up weight from its current values: a new copy (one extra gate/up in the
+    weights' dtype), or the kept one again, in place (CUDA graphs captured earlier read it). The engines'
+    load_weights call it, so that the copy exists before they size their caches."""
+    key = (id(norm_weight), id(gate_up_weight), norm, gate_up_weight.dtype)
+    entry = _PREPARED.get(key)
+    with torch.inference_mode():
+        folded = fold(norm, norm_weight, None, gate_up_weight, None, gate_up_weight.dtype)
+        if entry is not None:
+            entry[1].weight.copy_(folded.weight)
+            return
+    _keep(key, norm_weight, gate_up_weight, folded)
+
+
+def _keep(key: tuple, norm_weight: torch.Tensor, gate_up_weight: torch.Tensor, gate_up: GateUp) -> None:
+    _PREPARED[key] = ((weakref.ref(norm_weight), weakref.ref(gate_up_weight)), gate_up)
+    for weight in (norm_weight, gate_up_weight):
+        weakref.finalize(weight, _PREPARED.pop, key, None)
+
+
 def prepared_gate_up(
     norm_weight: torch.Tensor, gate_up_weight: torch.Tensor, norm: str, dtype: torch.dtype
 ) -> GateUp:
-    """The folded gate/up weights of this block, made on first use (the engine's profile run, before it
-    captures CUDA graphs) and reused: one extra copy of gate/up in `dtype`."""
+    """The folded gate/up weights of this block: the kept copy, or one made now (first use without
+    `prepare_gate_up`) and kept."""
     key = (id(norm_weight), id(gate_up_weight), norm, dtype)
     entry = _PREPARED.get(key)
     if entry is not None:
@@ -220,15 +245,14 @@ def prepared_gate_up(
             "replay folds them again); run the model once before capturing"
         )
         return gate_up
-    _PREPARED[key] = ((weakref.ref(norm_weight), weakref.ref(gate_up_weight)), gate_up)
-    for weight in (norm_weight, gate_up_weight):
-        weakref.finalize(weight, _PREPARED.pop, key, None)
+    _keep(key, norm_weight, gate_up_weight, gate_up)
     return gate_up
 
 
 def refresh_prepared_weights() -> None:
-    """Fold every kept gate/up weight again from its weights' current values, into the same memory (CUDA
-    graphs captured earlier read it): call after loading new values into a model's parameters in place."""
+    """Fold every kept gate/up weight of this process again from its weights' current values, into the same
+    memory (CUDA graphs captured earlier read it): call after writing new values into parameters other than
+    through the model's load_weights (which folds the layers it loads)."""
     with torch.inference_mode():
         for (_, _, norm, dtype), (weights, gate_up) in list(_PREPARED.items()):
             norm_weight, gate_up_weight = weights[0](), weights[1]()

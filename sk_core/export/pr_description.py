@@ -74,10 +74,12 @@ than d_model · d_ff = 2048 · 16384) it runs three Triton kernels instead of fo
 GEMM on a copy of the weight with the norm scale folded in and gate and up rows interleaved, with the norm and the
 activation in its epilogue; and the down GEMM with K split across programs. The weights stream once, and the norm
 and activation kernels, their launches and the intermediate's round trip go away. The folded copy (one per layer,
-the size of gate/up) is made on the first forward, before CUDA-graph capture, and folded again in place when
-`load_weights` loads new values. Above decode sizes it runs the RMSNorm and act-and-mul kernels around the same
-torch GEMMs the engine runs. The numbers below for the fused block were measured through Standard Kernels'
-adapter, which runs these kernels at the same place in the decoder layer."""
+the size of gate/up) is made by `load_weights`, so the engine counts it before sizing its KV cache, and folded again
+in place when `load_weights` loads new values; code that writes parameters in place by other means (an in-place
+weight reload or transfer that bypasses `load_weights`) calls `standard_kernels.refresh_prepared_weights()`. Above
+decode sizes it runs the RMSNorm and act-and-mul kernels around the same torch GEMMs the engine runs. The numbers
+below for the fused block were measured through Standard Kernels' adapter, which runs these kernels at the same
+place in the decoder layer."""
 
 
 def render(engine: str, target: str, ops: tuple[str, ...], switch: str, results: Path, patches: list[str]) -> str:

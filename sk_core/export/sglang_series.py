@@ -9,8 +9,8 @@
   `LlamaMLP` can run as one `fused_gated_mlp` call (unquantized, unbiased, no data-parallel-attention reduce, a
   shape and GPU the kernels cover) and its forward then makes that call (`LlamaMLP.forward_standard_kernels`, which
   reduces across ranks as `RowParallelLinear` would, and takes SGLang's path for other dtypes, LoRA-wrapped or
-  AMX-packed projections, and batch-invariant mode). The folded gate/up weights are made on the first forward
-  (before CUDA-graph capture) and folded again in place by `LlamaForCausalLM.load_weights`.
+  AMX-packed projections, and batch-invariant mode). `LlamaForCausalLM.load_weights` folds the gate/up weights
+  (before SGLang sizes its memory pools; again, in place, on a later load).
 - A layer test in `test/srt/`, in SGLang's unittest style.
 """
 from __future__ import annotations
@@ -130,6 +130,12 @@ _LLAMA_MLP_METHODS = '''
             )
         )
 
+    def prepare_standard_kernels(self, norm: nn.Module) -> None:
+        """Fold the fused call's gate/up copy from the loaded weights (again, in place)."""
+        from sglang.srt.layers import standard_kernels
+
+        standard_kernels.prepare_gate_up(norm.weight, self.gate_up_proj.weight, "rms")
+
     def forward_standard_kernels(
         self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
     ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -162,7 +168,8 @@ _LLAMA_MLP_METHODS = '''
             "rms",
             "silu",
         )
-        # As RowParallelLinear.forward reduces its output.
+        # As RowParallelLinear.forward reduces its output (`out` is not in symmetric memory:
+        # with --enable-symm-mem this all-reduce takes its regular path).
         if (
             (down.reduce_results and down.tp_size > 1) or down.use_decode_attn_tp
         ) and not should_skip_mlp_all_reduce():
@@ -188,17 +195,19 @@ _LLAMA_LAYER_FORWARD = '''        if self.use_standard_kernels_mlp and type(self
             )
 '''
 
-# LlamaForCausalLM.load_weights: new values in the same parameters, so the folded copies follow them.
+# LlamaForCausalLM.load_weights: the folded copies, made before SGLang sizes its memory pools, and folded again in
+# place by a later load (every fused layer of the model: the legacy loader does not say what it loaded).
 _LLAMA_LOAD_V2 = "            loaded = self._load_weights_v2(weights)\n"
 _LLAMA_LOAD_LEGACY = f'''        else:
             loaded = self._legacy_load_weights(weights)
         if envs.{SWITCH}.get():
-            from sglang.srt.layers import standard_kernels
-
-            # Fold the fused MLP's gate/up copies again from the new values, in place.
-            standard_kernels.refresh_prepared_weights()
+            # The fused MLPs' folded gate/up copies, from the values just loaded.
+            for layer in self.model.layers:
+                if getattr(layer, "use_standard_kernels_mlp", False):
+                    layer.mlp.prepare_standard_kernels(layer.post_attention_layernorm)
         return loaded
 '''
+
 
 def new_files(ops: tuple[str, ...]) -> dict[str, str]:
     return {}
@@ -363,10 +372,10 @@ _TEST_GATED_MLP = '''
                 error = (out.double() - expected).norm() / expected.norm()
                 self.assertLess(error.item(), MLP_TOLERANCE[dtype], (dtype, num_tokens))
 
-                # Weights loaded in place are folded again by refresh_prepared_weights.
+                # Weights loaded in place are folded again, in place, as load_weights does.
                 with torch.no_grad():
                     mlp.gate_up_proj.weight.mul_(-1.0)
-                standard_kernels.refresh_prepared_weights()
+                mlp.prepare_standard_kernels(norm)
                 out, _ = mlp.forward_standard_kernels(x, residual, norm)
                 expected, _ = _reference_mlp(mlp, norm, x, residual)
                 error = (out.double() - expected).norm() / expected.norm()

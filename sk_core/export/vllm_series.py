@@ -10,8 +10,8 @@
 - The fused gated MLP: `LlamaDecoderLayer` decides at construction whether its post-attention RMSNorm and its
   `LlamaMLP` can run as one `fused_gated_mlp` call (unquantized, no biases, no LoRA, not batch-invariant, a shape
   and GPU the kernels cover) and its forward then makes that call (`LlamaMLP.forward_standard_kernels`; vLLM's
-  all-reduce after the down projection stays). The folded gate/up weights are made on the first forward (the
-  profile run, before CUDA-graph capture) and folded again in place by `LlamaForCausalLM.load_weights`.
+  all-reduce after the down projection stays). `LlamaForCausalLM.load_weights` folds the gate/up weights of the
+  layers it loads (before vLLM profiles its memory and sizes the KV cache; again, in place, on a later load).
 - A kernel test in `tests/kernels/core/`, in vLLM's pytest style.
 """
 from __future__ import annotations
@@ -173,10 +173,17 @@ _LLAMA_MLP_METHODS = '''
             )
         )
         if supported and current_platform.is_cpu():
-            # Triton's interpreter (tests): keep the plain weights the kernels read.
+            # Triton's interpreter (tests): ask vLLM's CPU GEMM dispatch to keep the
+            # plain weights the kernels read.
             for p in projections:
                 p._cpu_skip_gemm_dispatch = True
         return supported
+
+    def prepare_standard_kernels(self, norm: nn.Module) -> None:
+        """Fold the fused call's gate/up copy from the loaded weights (again, in place)."""
+        from vllm.kernels.triton import standard_kernels
+
+        standard_kernels.prepare_gate_up(norm.weight, self.gate_up_proj.weight, "rms")
 
     def forward_standard_kernels(
         self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
@@ -225,13 +232,17 @@ _LLAMA_LAYER_FORWARD = '''        if self.use_standard_kernels_mlp and type(self
             )
 '''
 
-# LlamaForCausalLM.load_weights: new values in the same parameters, so the folded copies follow them.
+# LlamaForCausalLM.load_weights: the folded copies of the layers it loaded, made before vLLM profiles its memory
+# and sizes the KV cache, and folded again in place by a later load.
 _LLAMA_LOAD_WEIGHTS = f'''        loaded = loader.load_weights(weights)
         if envs.{SWITCH}:
-            from vllm.kernels.triton import standard_kernels
-
-            # Fold the fused MLP's gate/up copies again from the new values, in place.
-            standard_kernels.refresh_prepared_weights()
+            # The fused MLPs' folded gate/up copies, from the values just loaded.
+            for name, layer in self.named_modules():
+                if getattr(layer, "use_standard_kernels_mlp", False) and {{
+                    f"{{name}}.mlp.gate_up_proj.weight",
+                    f"{{name}}.post_attention_layernorm.weight",
+                }} & loaded:
+                    layer.mlp.prepare_standard_kernels(layer.post_attention_layernorm)
         return loaded
 '''
 

@@ -298,9 +298,16 @@ def test_layers_built_under_the_hooks_are_fused_and_answer_as_stock(sglang):
             expected, got = stock(*args(r)), fused(*args(r))
             torch.testing.assert_close(got, expected)
     report = blocks.report()
-    assert report["layers_fused"] == 3 and report["fallback_calls"] == 6
-    assert report["weights_prepared"] == {}  # the reference (fp32 on CPU) prepares no copies
-    assert {f["op"] for f in sk.coverage.report()["fallbacks"]} >= {"fused_gated_mlp/rms", "fused_gated_mlp/gemma_rms"}
+    assert report["layers_fused"] == 3
+    if sk.settings.get("triton_interpret"):  # fp32 on CPU: the kernels, interpreted, on weights folded once
+        assert report["fallback_calls"] == 0
+        assert report["kernel_calls"] == {"fused_gated_mlp/rms": 4, "fused_gated_mlp/gemma_rms": 2}, report
+        assert report["weights_prepared"] == {"fused_gated_mlp/rms": 2, "fused_gated_mlp/gemma_rms": 1}, report
+    else:
+        assert report["fallback_calls"] == 6
+        assert report["weights_prepared"] == {}  # the reference (fp32 on CPU) prepares no copies
+        assert {f["op"] for f in sk.coverage.report()["fallbacks"]} >= {"fused_gated_mlp/rms",
+                                                                        "fused_gated_mlp/gemma_rms"}
     assert sglang.module.summary(installed).startswith(fused_blocks.WHAT)
 
 
