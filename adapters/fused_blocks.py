@@ -78,6 +78,13 @@ class FusedNormMLP(torch.nn.Module):
             out = self.sk_all_reduce(out)
         return out if residual is None else (out, h)
 
+    def prepare(self) -> bool:
+        """Make the op's prepared gate/up copy now (where its kernels cover this block), rather than at its first
+        call: the adapters call this once the weights are loaded, before the engine sizes its caches."""
+        gate_up = self.sk_mlp.gate_up_proj
+        return sk.ops.gated_mlp.prepare_weights(self.weight, gate_up.weight, norm=self.sk_plan.norm,
+                                                gate_up_bias=gate_up.bias)
+
     def extra_repr(self) -> str:
         p = self.sk_plan
         return f"{self.sk_layer}: {WHAT} (norm={p.norm}, activation={p.activation}, eps={p.eps}, reduce={p.reduce})"

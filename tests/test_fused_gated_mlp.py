@@ -563,3 +563,19 @@ def test_table_configs_compile_for_sm90_on_wgmma_with_every_operand_fully_buffer
 
     for kernel, r in run_compile_check(_COMPILE_CHECK).items():
         assert r["wgmma"] and r["buffers"] == [r["stages"]] * 2, (kernel, r)
+
+
+@needs_interpreter
+def test_prepare_weights_makes_the_copy_the_calls_read():
+    """What an engine calls once its weights are loaded: the folded copy made then, and read by the calls."""
+    d, ff = 64, 96
+    block = make_block(d, ff, "rms", dtype=torch.float16)
+    assert sk.ops.gated_mlp.prepare_weights(block["norm_weight"], block["gate_up_weight"],
+                                            gate_up_bias=block["gate_up_bias"])
+    assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 1}
+    call_op(block, make_x(3, d, torch.float16), None, "rms", "silu")
+    assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 1}
+    # fp64 is outside every kernel's cover: nothing is made, nothing recorded.
+    assert not sk.ops.gated_mlp.prepare_weights(block["norm_weight"].double(), block["gate_up_weight"].double())
+    assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 1}
+    assert not sk.coverage.report()["fallbacks"]

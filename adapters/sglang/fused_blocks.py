@@ -4,7 +4,9 @@ When: as each decoder layer is built, by an AFTER hook on its class's `__init__`
 (installed with the other hooks, in every scheduler before the model is built). The layer's own modules are
 planned there (`plan_layer`): SGLang has built its linears with their quant_method and tensor-parallel shard
 sizes; the weights are loaded later, into the same Parameter objects the fused block reads at each call.
-SGLang runs every shape before capturing a CUDA graph (NOTES.md), so the op prepares its weights outside capture.
+Once ModelRunner.load_model has loaded the weights, an AFTER hook makes each fused block's prepared gate/up copy
+(`prepare_model`), before SGLang sizes its memory pools from what is left (else the op would make it at its first
+decode-sized call, in the warm-up before capture, in memory SGLang had already given out).
 
 Which layers: `DECODER_LAYERS`, where the installed class's forward has `<norm>(hidden_states, residual)` then
 `mlp(hidden_states)`, or (Qwen3) `layer_communicator.prepare_mlp(hidden_states, residual, ...)` then
@@ -77,6 +79,20 @@ def _after_init(norm_attr: str):
         return None
 
     return after_init
+
+
+def prepare_model(model: torch.nn.Module) -> int:
+    """Make each fused block's prepared gate/up copy (`FusedNormMLP.prepare`) once the weights are loaded, before
+    SGLang sizes its memory pools from what is left; returns how many it made."""
+    return sum(module.prepare() for module in model.modules() if isinstance(module, fused_blocks.FusedNormMLP))
+
+
+def after_load_model(result, runner, *args, **kwargs):
+    """AFTER hook of SGLang's ModelRunner.load_model (see `prepare_model`)."""
+    model = getattr(runner, "model", None)
+    if model is not None and BLOCKS.disabled is None:
+        prepare_model(model)
+    return None
 
 
 def route_layer_projections(layer: torch.nn.Module, name: str, blocks: FusedBlocks | None = None) -> FusedBlocks:

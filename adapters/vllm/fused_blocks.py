@@ -7,7 +7,8 @@ before vLLM's post-processing each supported layer is planned, and on CPU its ga
 vLLM's own `_cpu_skip_gemm_dispatch` flag (vLLM would otherwise pack their weights for oneDNN and drop the
 plain ones, which the op reads); after it the layer is re-checked and swapped. All of that is in the worker,
 eager, before vLLM's profile run, Dynamo tracing and CUDA-graph capture: the swapped modules are what Dynamo
-traces, and the first fused call (vLLM's profile/warm-up run, outside capture) prepares the op's weights.
+traces, and each fused block's prepared gate/up copy is made there (`FusedNormMLP.prepare`), so that vLLM's memory
+profile counts it before the KV cache is sized.
 Which layers: exact classes of `support.FUSED_DECODER_LAYERS`, whose forwards `support.py` checked at start-up;
 each layer is planned on its own loaded modules (`plan_layer`): quantized linears, LoRA, options the op does not
 compute, unknown MLP/norm classes keep vLLM's path, recorded with the reason (an error under SK_STRICT=1).
@@ -122,6 +123,9 @@ def fuse_model(model: torch.nn.Module, plans: dict[str, Plan | str] | None = Non
             fused_blocks.left_on_engine_path(blocks, name, cls.__name__, plan, "vLLM")
             continue
         fused_blocks.fuse_layer(layer, plan, all_reduce, name)
+        # The folded gate/up copy now, while vLLM loads the model: its profile run (above the fused kernels'
+        # rows) would not make it, and vLLM sizes the KV cache from the memory that run leaves.
+        getattr(layer, plan.norm_attr).prepare()
         blocks.fused[name] = f"{cls.__name__}: {plan.norm_attr} + mlp, norm={plan.norm}, activation={plan.activation}"
     if blocks.fused or blocks.engine_path:
         logger.info("standardkernels fused blocks: %d decoder layers fused, %d on vLLM's path%s",

@@ -311,6 +311,25 @@ def test_layers_built_under_the_hooks_are_fused_and_answer_as_stock(sglang):
     assert sglang.module.summary(installed).startswith(fused_blocks.WHAT)
 
 
+
+def test_weight_copies_are_made_once_the_model_is_loaded(sglang):
+    # The AFTER hook of ModelRunner.load_model makes each fused block's folded gate/up copy (where the kernels
+    # cover it: fp32 on CPU only under the interpreter), before SGLang sizes its pools; the calls then reuse it.
+    sglang.apply()
+    model = torch.nn.ModuleList([LlamaDecoderLayer(layer_id=3, prefix="model.layers.3"),
+                                 Gemma2DecoderLayer(layer_id=4, prefix="model.layers.4")])
+    sk.coverage.reset()
+    sglang.module.after_load_model(None, types.SimpleNamespace(model=model))
+    made = sk.coverage.report()["weights_prepared"]
+    if sk.settings.get("triton_interpret"):
+        assert made == {"fused_gated_mlp/rms": 1, "fused_gated_mlp/gemma_rms": 1}, made
+    else:
+        assert made == {}, made
+    x, residual = torch.randn(5, D), torch.randn(5, D)
+    model[0](None, x, None, residual)
+    model[1](None, x, residual, None)
+    assert sk.coverage.report()["weights_prepared"] == made
+
 def test_options_the_op_does_not_cover_keep_sglangs_path(sglang):
     sglang.apply()
     LlamaDecoderLayer(prefix="model.layers.0", quant=W8A8Int8LinearMethod)

@@ -32,9 +32,10 @@ names (tests/test_package.py checks).
 """
 from sk.ops.gated_mlp.geglu import fused_pre_norm_geglu, fused_pre_norm_geglu_reference
 from sk.ops.gated_mlp.linear import linear, linear_kernel_miss, linear_reference
-from sk.ops.gated_mlp.op import coverage_name, fused_gated_mlp, kernel_miss
+from sk.ops.gated_mlp.op import coverage_name, fused_gated_mlp, kernel_miss, prepare_weights
 from sk.ops.gated_mlp.reference import ACTIVATIONS, NORMS, gated_mlp_reference
 
-__all__ = ["fused_gated_mlp", "gated_mlp_reference", "coverage_name", "kernel_miss", "NORMS", "ACTIVATIONS",
+__all__ = ["fused_gated_mlp", "gated_mlp_reference", "coverage_name", "kernel_miss", "prepare_weights", "NORMS",
+           "ACTIVATIONS",
            "linear", "linear_reference", "linear_kernel_miss",
            "fused_pre_norm_geglu", "fused_pre_norm_geglu_reference"]

@@ -50,6 +50,22 @@ def kernel_miss(x: torch.Tensor, norm: str, d_model: int, d_ff: int) -> str | No
     return coverage.miss_reason(coverage_name(norm), x, shape_miss=shape_miss(norm, d_model, d_ff))
 
 
+def prepare_weights(norm_weight: torch.Tensor, gate_up_weight: torch.Tensor, *, norm: str = "rms",
+                    norm_bias: torch.Tensor | None = None, gate_up_bias: torch.Tensor | None = None,
+                    dtype: torch.dtype | None = None) -> bool:
+    """Make now the prepared gate/up copy that calls with activations of `dtype` (default: the weight's) will
+    read, where the kernels cover such calls; returns whether it did. The op makes it at its first call
+    otherwise: an engine calls this after loading its weights, so that the copy (the size of gate/up) exists
+    before it sizes its caches from the memory left. Records nothing but the copy's count."""
+    dtype = gate_up_weight.dtype if dtype is None else dtype
+    d, ff = gate_up_weight.shape[1], gate_up_weight.shape[0] // 2
+    probe = gate_up_weight.new_empty((0, d), dtype=dtype)
+    if kernel_miss(probe, norm, d, ff) is not None:
+        return False
+    weights.prepared_gate_up(coverage_name(norm), norm, norm_weight, norm_bias, gate_up_weight, gate_up_bias, dtype)
+    return True
+
+
 # ----------------------------------------------------------------------------------------------- custom op
 
 def _reference_2d(x, residual, norm_weight, norm_bias, gate_up_weight, gate_up_bias, down_weight, down_bias, eps,
