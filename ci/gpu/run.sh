@@ -12,7 +12,8 @@
 # every size, torch.compile included; "training-bench-peers": the same without torch.compile (Liger, QuACK);
 # "linear": sk.ops.linear against cuBLAS at the attention projections, and
 # its tests and the fused blocks' GPU tests; "linear-sweep": its split-K configs swept at Llama-3-8B's and
-# Llama-3.2-1B's projections).
+# Llama-3.2-1B's projections; "geglu-paths": the GEGLU op on the paths a user takes, seed/decode/prefill shapes,
+# inference only).
 set -uo pipefail
 out=${1:?usage: ci/gpu/run.sh OUTDIR}
 mkdir -p "$out"
@@ -40,6 +41,8 @@ for step in $steps; do
     tune)  python3 benchmarks/tune_launch.py "$out" 2>&1 | tee "$out/tune.log" ;;
     bench) sk bench --peers --out "$out" 2>&1 | tee "$out/bench.log" ;;
     geglu) [ -f benchmarks/bench_geglu.py ] && python3 benchmarks/bench_geglu.py "$out" 2>&1 | tee "$out/geglu.log" ;;
+    geglu-paths) python3 benchmarks/bench_geglu_paths.py "$out/geglu_paths" --no-training 2>&1 \
+                   | tee "$out/geglu_paths.log" ;;
     training) python3 benchmarks/bench_training_ops.py --sweep --out "$out/training" 2>&1 | tee "$out/training.log"
               python3 benchmarks/train_swap.py --out "$out/training" 2>&1 | tee "$out/train_swap.log" ;;
     training-tests) python3 -m pytest -q -p no:cacheprovider -rf tests/test_rms_norm.py tests/test_act_and_mul.py \
