@@ -330,6 +330,15 @@ def families(ops: tuple[str, ...]) -> list[str]:
     return [family for family in FAMILIES if family in needed]
 
 
+def _defined_names(node: ast.stmt) -> list[str]:
+    """The names a top-level statement defines: a function's or class's, an assignment's plain targets."""
+    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.AnnAssign):
+        return [node.target.id] if isinstance(node.target, ast.Name) else []
+    return [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+
+
 def _definitions(source: KernelSource) -> list[str]:
     """Source text of each named top-level definition of `source.module`, with its decorators and the comment
     lines right above it."""
@@ -337,13 +346,7 @@ def _definitions(source: KernelSource) -> list[str]:
     lines = text.splitlines()
     found = {}
     for node in ast.parse(text).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            targets = [node.name]
-        elif isinstance(node, ast.AnnAssign):
-            targets = [node.target.id] if isinstance(node.target, ast.Name) else []
-        else:
-            targets = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
-        for name in targets:
+        for name in _defined_names(node):
             start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
             while start > 0 and lines[start - 1].lstrip().startswith("#"):
                 start -= 1
@@ -399,14 +402,8 @@ def render(ops: tuple[str, ...], header: str, op_namespace: str) -> str:
 
 def _check_unique(parts: list[str]) -> None:
     """Two top-level definitions of one name would silently shadow each other in the generated module."""
-    names = []
-    for node in ast.parse("\n\n\n".join(parts)).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name != "_":  # "_": the ops' fakes
-            names.append(node.name)
-        elif isinstance(node, ast.Assign):
-            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.append(node.target.id)
+    names = [name for node in ast.parse("\n\n\n".join(parts)).body for name in _defined_names(node)
+             if name != "_"]  # "_": the ops' fakes
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
         raise RuntimeError(f"the generated kernel module defines {', '.join(duplicated)} twice: add them to "
