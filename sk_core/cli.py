@@ -142,8 +142,17 @@ def cmd_eval(args) -> int:
                           max_requests=args.max_requests, candidates=args.candidates, console=console,
                           rounds=args.rounds, self_test=args.self_test, workloads=_tokens(args.workloads),
                           tie_nats=evaluate.DEFAULT_TIE_NATS if args.tie_nats is None else args.tie_nats,
-                          crossed=args.crossed)
+                          restarts=_restarts(args))
     return 0 if passed else 1
+
+
+def _restarts(args) -> int:
+    """--restarts N, or 2 for --crossed (its shorthand); both only where they agree."""
+    from sk.workflow.errors import WorkflowError
+
+    if args.crossed and args.restarts not in (None, 2):
+        raise WorkflowError(f"--crossed is --restarts 2; got --restarts {args.restarts} too (drop one of the two)")
+    return 2 if args.crossed else args.restarts or 1
 
 
 def _tokens(value: str | None) -> list[str] | None:
@@ -249,10 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     _workloads_option(evaluate)
     evaluate.add_argument("--self-test", action="store_true",
                           help="the stock engine as both baseline and candidate: every interval should hold 1.00")
-    evaluate.add_argument("--crossed", action="store_true",
-                          help="run the pair twice, started baseline first and then candidate first, the rounds "
-                               "split between the two and pooled: a difference between the engine started first "
-                               "and the one started second cancels instead of counting for a variant")
+    evaluate.add_argument("--restarts", type=positive_int, default=None, metavar="N",
+                          help="start the pair of engines N times (baseline first, then candidate first, ...), "
+                               "the rounds split between the pairs and pooled: a difference between the engine "
+                               "started first and the one started second cancels, and the interval, resampling "
+                               "the pairs and then their rounds, holds what differs from one engine start to the "
+                               "next (default 1)")
+    evaluate.add_argument("--crossed", action="store_true", help="shorthand for --restarts 2")
     evaluate.add_argument("--tie-nats", type=non_negative_float, default=None, metavar="NATS",
                           help="a sequence that first differs where both engines hold both tokens in their top 5 "
                                "and disagree on the two tokens' log-probability difference by at most NATS is a "

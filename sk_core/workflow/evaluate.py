@@ -124,7 +124,8 @@ def compare_workload(token: str, baseline: dict, candidate: dict, timings: dict[
            "logprobs": {v: bool(g.get("top_logprobs")) and any(map(any, g["top_logprobs"]))
                         for v, g in ((paired.BASELINE, baseline), (paired.CANDIDATE, candidate))},
            **paired.summarize([t["elapsed_s"] for t in timings[paired.BASELINE]],
-                              [t["elapsed_s"] for t in timings[paired.CANDIDATE]]),
+                              [t["elapsed_s"] for t in timings[paired.CANDIDATE]],
+                              groups=[t.get("pair", 0) for t in timings[paired.BASELINE]]),
            "timings": timings}
     if spec.purpose is Purpose.THROUGHPUT:
         output_tokens = timings[paired.BASELINE][0]["output_tokens"]
@@ -259,7 +260,8 @@ def print_scenario(console: Console, result: dict) -> None:
                   f"paired A/B, order {result['settings'].get('order', 'ABBA')}"
                   + (", started " + " then ".join(result["settings"]["start_orders"])
                      if len(result["settings"].get("start_orders", [])) > 1 else "")
-                  + ", 95% bootstrap intervals over rounds")
+                  + (", 95% bootstrap intervals over engine pairs, then rounds"
+                     if len(result["settings"].get("start_orders", [])) > 1 else ", 95% bootstrap intervals over rounds"))
     if env["device"] == "cpu":
         console.print("[yellow]CPU engine: tok/s, latencies and intervals are CPU timings of a small model (and "
                       "noisy on a shared machine); the MATCH columns are what this run proves.")
@@ -280,20 +282,21 @@ def check_self_test(self_test: bool, candidates: Path | None) -> None:
                             f"got --candidates {candidates} (drop one of the two)")
 
 
-def check_crossed(crossed: bool, rounds: int) -> None:
-    if crossed and rounds < 2:
-        raise WorkflowError(f"--crossed splits --rounds between the two start orders and needs 2 or more; got "
-                            f"--rounds {rounds}")
+def check_restarts(restarts: int, rounds: int) -> None:
+    if restarts < 1:
+        raise WorkflowError(f"--restarts must be 1 or more; got {restarts}")
+    if rounds < restarts:
+        raise WorkflowError(f"--restarts {restarts} splits --rounds between {restarts} engine pairs and needs "
+                            f"{restarts} rounds or more; got --rounds {rounds}")
 
 
-def start_orders(crossed: bool, rounds: int) -> list[tuple[tuple[str, str], int]]:
-    """The engines' start orders and the rounds each gets: baseline first (all rounds), or with `crossed` also
-    candidate first, the rounds split between the two (the first gets the odd one)."""
-    check_crossed(crossed, rounds)
+def start_orders(restarts: int, rounds: int) -> list[tuple[tuple[str, str], int]]:
+    """The engine pairs' start orders and the rounds each gets: `restarts` pairs, started baseline first, then
+    candidate first, and so on, the rounds split as evenly as they go (the earlier pairs get the extra ones)."""
+    check_restarts(restarts, rounds)
     first = (paired.BASELINE, paired.CANDIDATE)
-    if not crossed:
-        return [(first, rounds)]
-    return [(first, (rounds + 1) // 2), (first[::-1], rounds // 2)]
+    return [(first if k % 2 == 0 else first[::-1], rounds // restarts + (k < rounds % restarts))
+            for k in range(restarts)]
 
 
 def _start_label(started: tuple[str, str]) -> str:
@@ -302,10 +305,11 @@ def _start_label(started: tuple[str, str]) -> str:
 
 def _paired_runs(scenario: scenarios.Scenario, started: tuple[str, str], rounds: int, *, out_dir: Path, stem: str,
                  envs: dict[str, dict], folders: dict[str, Path | None], run_settings: dict, progress,
-                 log_suffix: str, match: bool) -> tuple[dict, dict, dict]:
+                 log_suffix: str, match: bool, pair_index: int = 0) -> tuple[dict, dict, dict]:
     """Both engines started in the order `started` (the first on slot 0), then per workload MATCH (greedy,
     untimed; when `match`), a warm-up batch each and `rounds` paired rounds. (greedy[token][variant],
-    timings[token][variant]: per round {"elapsed_s", "output_tokens", "started_at", "start_order"}, info[variant])."""
+    timings[token][variant]: per round {"elapsed_s", "output_tokens", "started_at", "start_order", "pair"},
+    info[variant]). `pair_index`: this engine pair's place among the pairs the run starts."""
     order = paired.pairing_order(rounds, lead=started[0])  # the engine started first leads the rounds
     engines: dict[str, EngineProcess] = {}
     greedy: dict[str, dict] = {}
@@ -337,7 +341,7 @@ def _paired_runs(scenario: scenarios.Scenario, started: tuple[str, str], rounds:
                 for variant in pair:
                     batch = engines[variant].call("batch", description=f"{token} round {r + 1}/{rounds}",
                                                   workload=token)
-                    timings[token][variant].append(batch | {"start_order": _start_label(started)})
+                    timings[token][variant].append(batch | {"start_order": _start_label(started), "pair": pair_index})
         info = {v: engines[v].call("info") for v in (paired.BASELINE, paired.CANDIDATE)}
     finally:
         for engine in engines.values():
@@ -347,22 +351,23 @@ def _paired_runs(scenario: scenarios.Scenario, started: tuple[str, str], rounds:
 
 def evaluate_scenario(scenario: scenarios.Scenario, *, out_dir: Path, stem: str, rounds: int, self_test: bool,
                       candidates: Path | None, run_settings: dict, tie_nats: float = DEFAULT_TIE_NATS,
-                      crossed: bool = False) -> dict:
+                      restarts: int = 1) -> dict:
     """Both engines side by side, MATCH then the paired timed rounds per workload; the scenario's result. With
-    `crossed`, the pair runs twice, started baseline first and then candidate first, and the rounds of both are
-    pooled: an engine's advantage from its start order (slot) cancels in the median ratio and widens the
-    interval, instead of showing as a difference between the variants. In each start order the engine started
-    first leads the rounds (A B B A ..., then B A A B ...), so an advantage of a batch's place in the sequence
-    cancels too. MATCH is the first start order's."""
-    runs = start_orders(crossed, rounds)
+    `restarts` > 1 the pair is started that many times, baseline first, then candidate first, and so on, and the
+    rounds of all pairs are pooled: an engine's advantage from its start order (slot) cancels in the median ratio,
+    and the interval, resampling the pairs and then their rounds (paired.bootstrap_interval), holds what differs
+    from one pair of engine instances to the next. In each pair the engine started first leads the rounds
+    (A B B A ..., then B A A B ...), so an advantage of a batch's place in the sequence cancels too. MATCH is the
+    first pair's."""
+    runs = start_orders(restarts, rounds)
     with progress_bars() as progress, tempfile.TemporaryDirectory(prefix="sk-eval-reports-") as reports:
         candidate_env = {} if candidates or self_test else {settings.env_name("adapters"): scenario.engine,
                                                             settings.env_name("report_dir"): reports}
         envs = {paired.BASELINE: {}, paired.CANDIDATE: candidate_env}
         folders = {paired.BASELINE: None, paired.CANDIDATE: candidates}
         done = [_paired_runs(scenario, started, n, out_dir=out_dir, stem=stem, envs=envs, folders=folders,
-                             run_settings=run_settings, progress=progress, match=k == 0,
-                             log_suffix="" if k == 0 else f".{started[0]}-first")
+                             run_settings=run_settings, progress=progress, match=k == 0, pair_index=k,
+                             log_suffix="" if k == 0 else f".pair{k + 1}-{started[0]}-first")
                 for k, (started, n) in enumerate(runs)]
         greedy, _, info = done[0]
         timings = {token: {v: [batch for _, run_timings, _ in done for batch in run_timings[token][v]]
@@ -384,12 +389,12 @@ def evaluate_scenario(scenario: scenarios.Scenario, *, out_dir: Path, stem: str,
 def run(scenario_file: str, out_dir: Path, *, enforce_eager: bool, max_layers: int | None,
         max_requests: int | None, candidates: Path | None, console: Console, rounds: int = paired.DEFAULT_ROUNDS,
         self_test: bool = False, workloads: list[str] | None = None, tie_nats: float = DEFAULT_TIE_NATS,
-        crossed: bool = False) -> bool:
+        restarts: int = 1) -> bool:
     """Evaluate every scenario of the file, print the summaries, write JSON + PNG; True when no sequence is a
     mismatch (each agrees, or first differs at a near-tie within `tie_nats`). `workloads`: tokens that replace
     every row's own."""
     check_self_test(self_test, candidates)
-    check_crossed(crossed, rounds)
+    check_restarts(restarts, rounds)
     run_settings = {"enforce_eager": enforce_eager, "max_layers": max_layers, "max_requests": max_requests}
     loaded = scenarios.with_workloads(scenarios.load(scenario_file), workloads)
     scenarios.check_fits(loaded, 2, scenario_file)
@@ -403,7 +408,7 @@ def run(scenario_file: str, out_dir: Path, *, enforce_eager: bool, max_layers: i
     for scenario in loaded:
         result = evaluate_scenario(scenario, out_dir=out_dir, stem=stem, rounds=rounds, self_test=self_test,
                                    candidates=candidates, run_settings=run_settings, tie_nats=tie_nats,
-                                   crossed=crossed)
+                                   restarts=restarts)
         print_scenario(console, result)
         results.append(result)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -411,7 +416,7 @@ def run(scenario_file: str, out_dir: Path, *, enforce_eager: bool, max_layers: i
                  f"candidate modules in {candidates}" if candidates else "standardkernels adapter")
     document = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "scenario_file": str(scenario_file),
-                "settings": run_settings | {"rounds": rounds, "tie_nats": tie_nats, "crossed": crossed},
+                "settings": run_settings | {"rounds": rounds, "tie_nats": tie_nats, "restarts": restarts},
                 "candidate": candidate, "scenarios": results}
     json_path = out_dir / f"{stem}.json"
     json_path.write_text(json.dumps(document, indent=1) + "\n")

@@ -96,7 +96,10 @@ CASES = [  # (argv, what the message says); {in}: the bad inputs, {out}: a folde
      "--self-test runs the stock engine against itself and takes no candidate folder; got --candidates {in}"),
     (["eval", GOOD_SCENARIO, "--rounds", "0", "--out", "{out}"], f"argument --rounds: 0 {NOT_ALLOWED}"),
     (["eval", GOOD_SCENARIO, "--crossed", "--rounds", "1", "--out", "{out}"],
-     "--crossed splits --rounds between the two start orders and needs 2 or more; got --rounds 1"),
+     "--restarts 2 splits --rounds between 2 engine pairs and needs 2 rounds or more; got --rounds 1"),
+    (["eval", GOOD_SCENARIO, "--restarts", "0", "--out", "{out}"], f"argument --restarts: 0 {NOT_ALLOWED}"),
+    (["eval", GOOD_SCENARIO, "--crossed", "--restarts", "4", "--out", "{out}"],
+     "--crossed is --restarts 2; got --restarts 4 too (drop one of the two)"),
     (["profile", GOOD_SCENARIO, "--workloads", "LLM.nope", "--out", "{out}"], "unknown workload 'LLM.nope'"),
     # An output folder that is a file (or lies under one) is refused before the work, not by mkdir after it.
     (["eval", GOOD_SCENARIO, "--out", "{in}/a_file"], "argument --out: {in}/a_file: it is a file, not a folder"),

@@ -178,18 +178,18 @@ class _FakeEngine:
         self.log.append(("close", self.variant, self.slot))
 
 
-def _evaluate_with_fakes(monkeypatch, tmp_path, crossed, seconds):
+def _evaluate_with_fakes(monkeypatch, tmp_path, restarts, seconds, rounds=4):
     log = []
     monkeypatch.setattr(evaluate, "EngineProcess", lambda *a, **k: _FakeEngine(log, seconds, *a, **k))
     scenario = Scenario(model="sk-tiny/llama", dtype="float32", workloads=["LLM.single_request"])
-    result = evaluate.evaluate_scenario(scenario, out_dir=tmp_path, stem="s", rounds=4, self_test=True,
-                                        candidates=None, run_settings={"enforce_eager": True}, crossed=crossed)
+    result = evaluate.evaluate_scenario(scenario, out_dir=tmp_path, stem="s", rounds=rounds, self_test=True,
+                                        candidates=None, run_settings={"enforce_eager": True}, restarts=restarts)
     return result, log
 
 
 def test_the_engine_started_second_is_what_a_plain_pair_measures(monkeypatch, tmp_path):
     # Two equally fast variants: the plain pair starts the baseline first, so the candidate pays the slot cost.
-    result, log = _evaluate_with_fakes(monkeypatch, tmp_path, False, {"baseline": 1.0, "candidate": 1.0})
+    result, log = _evaluate_with_fakes(monkeypatch, tmp_path, 1, {"baseline": 1.0, "candidate": 1.0})
     (row,) = result["rows"]
     assert row["speedup"] == pytest.approx(1.0 / 1.1) and row["verdict"] == "candidate slower"
     assert [e[1:] for e in log if e[0] == "start"] == [("baseline", 0, "s.sk-tiny--llama-tp1-float32.baseline.log"),
@@ -198,13 +198,15 @@ def test_the_engine_started_second_is_what_a_plain_pair_measures(monkeypatch, tm
 
 
 def test_crossed_start_orders_cancel_the_slot_and_match_once(monkeypatch, tmp_path):
-    result, log = _evaluate_with_fakes(monkeypatch, tmp_path, True, {"baseline": 1.0, "candidate": 1.0})
+    result, log = _evaluate_with_fakes(monkeypatch, tmp_path, 2, {"baseline": 1.0, "candidate": 1.0})
     (row,) = result["rows"]
     # Two rounds with the candidate on slot 1 (ratio 1/1.1), two with it on slot 0 (ratio 1.1): the median is
-    # the middle two's mean, 1.005 (the plain pair's 0.909 is gone), and the interval holds both.
+    # the middle two's mean, 1.005 (the plain pair's 0.909 is gone), and the interval holds both pairs' ratios.
     assert row["rounds"] == 4 and row["speedup"] == pytest.approx((1 / 1.1 + 1.1) / 2)
     assert row["interval"][0] == pytest.approx(1 / 1.1) and row["interval"][1] == pytest.approx(1.1)
     assert row["verdict"] == "within noise"
+    assert row["pair_speedups"] == pytest.approx([1 / 1.1, 1.1])
+    assert [t["pair"] for t in row["timings"]["baseline"]] == [0, 0, 1, 1]
     starts = [(v, slot) for e, v, slot, *_ in log if e == "start"]
     assert starts == [("baseline", 0), ("candidate", 1), ("candidate", 0), ("baseline", 1)]
     assert [e[1] for e in log if e[0] == "match"] == ["baseline", "candidate"]  # MATCH in the first order only
@@ -219,12 +221,32 @@ def test_crossed_start_orders_cancel_the_slot_and_match_once(monkeypatch, tmp_pa
     assert len({e[3] for e in log if e[0] == "start"}) == 4
     console = Console(width=250, record=True)
     evaluate.print_scenario(console, result)
-    assert "order ABBA | BAAB, started baseline first then candidate first" in console.export_text()
+    text = console.export_text()
+    assert "order ABBA | BAAB, started baseline first then candidate first" in text
+    assert "95% bootstrap intervals over engine pairs, then rounds" in text
 
 
-def test_crossed_needs_two_rounds():
-    with pytest.raises(WorkflowError, match="--crossed splits --rounds between the two start orders and needs 2 "
-                                            "or more; got --rounds 1"):
-        evaluate.check_crossed(True, 1)
-    evaluate.check_crossed(False, 1)
-    assert evaluate.start_orders(True, 5) == [(("baseline", "candidate"), 3), (("candidate", "baseline"), 2)]
+def test_restarts_alternate_the_start_order_and_each_pair_is_a_group(monkeypatch, tmp_path):
+    # Three pairs: the slot effect of the odd pair out does not cancel in the pooled median, and the interval,
+    # resampling pairs first, reaches both pairs' ratios.
+    result, log = _evaluate_with_fakes(monkeypatch, tmp_path, 3, {"baseline": 1.0, "candidate": 1.0}, rounds=7)
+    (row,) = result["rows"]
+    assert [(v, slot) for e, v, slot, *_ in log if e == "start"] == [
+        ("baseline", 0), ("candidate", 1), ("candidate", 0), ("baseline", 1), ("baseline", 0), ("candidate", 1)]
+    assert result["settings"]["order"] == "ABBAAB | BAAB | ABBA"  # 3, 2 and 2 rounds
+    assert [t["pair"] for t in row["timings"]["candidate"]] == [0, 0, 0, 1, 1, 2, 2]
+    assert row["pair_speedups"] == pytest.approx([1 / 1.1, 1.1, 1 / 1.1])
+    assert row["interval"][0] == pytest.approx(1 / 1.1) and row["interval"][1] == pytest.approx(1.1)
+    assert len({e[3] for e in log if e[0] == "start"}) == 6  # every pair's logs kept
+
+
+def test_restarts_need_a_round_per_pair():
+    with pytest.raises(WorkflowError, match="--restarts 2 splits --rounds between 2 engine pairs and needs 2 "
+                                            "rounds or more; got --rounds 1"):
+        evaluate.check_restarts(2, 1)
+    with pytest.raises(WorkflowError, match="--restarts must be 1 or more; got 0"):
+        evaluate.check_restarts(0, 4)
+    evaluate.check_restarts(1, 1)
+    assert evaluate.start_orders(2, 5) == [(("baseline", "candidate"), 3), (("candidate", "baseline"), 2)]
+    assert evaluate.start_orders(1, 5) == [(("baseline", "candidate"), 5)]
+    assert evaluate.start_orders(4, 8) == [(("baseline", "candidate"), 2), (("candidate", "baseline"), 2)] * 2

@@ -42,3 +42,33 @@ def test_the_bootstrap_is_seeded():
 def test_unpaired_timings_are_refused():
     with pytest.raises(ValueError, match="same number of rounds"):
         paired.summarize([1.0, 1.0], [1.0])
+
+
+def test_one_group_is_the_plain_bootstrap_and_groups_must_match_the_values():
+    values = [0.9, 1.1, 1.0, 1.05, 0.97]
+    assert paired.bootstrap_interval(values, groups=[3] * 5) == paired.bootstrap_interval(values)
+    with pytest.raises(ValueError, match="groups must name one group per value: 2 groups for 5 values"):
+        paired.bootstrap_interval(values, groups=[0, 1])
+
+
+def test_pairs_with_offsets_of_their_own_widen_the_interval_to_hold_them():
+    # Four engine pairs, each steady within itself (±0.04 %) but a pair up to 1 % off the others: the rounds
+    # alone call the candidate faster; resampling the pairs first puts the pairs' offsets into the interval.
+    jitter = [0.0, 0.0004, -0.0004, 0.0002, -0.0002, 0.0003, -0.0003, 0.0001]
+    ratios = [offset + j for offset in (0.9995, 1.0095, 1.0005, 1.0085) for j in jitter]
+    baseline = [1.0] * len(ratios)
+    candidate = [1 / r for r in ratios]
+    plain = paired.summarize(baseline, candidate)
+    grouped = paired.summarize(baseline, candidate, groups=[k for k in range(4) for _ in jitter])
+    assert plain["speedup"] == grouped["speedup"]
+    assert plain["verdict"] == "candidate faster" and grouped["verdict"] == "within noise"
+    assert grouped["interval"][0] < plain["interval"][0] and grouped["interval"][1] > plain["interval"][1]
+    assert grouped["pair_speedups"] == pytest.approx([0.99955, 1.00955, 1.00055, 1.00855])  # jitter's median
+    assert "pair_speedups" not in plain
+
+
+def test_unequal_pairs_draw_as_many_rounds_as_they_hold():
+    # Pair 0 has three rounds at 1.0, pair 1 one round at 2.0: a resample drawing pair 1 twice holds two values,
+    # both 2.0, never a padding value; drawing pair 0 twice holds six.
+    low, high = paired.bootstrap_interval([1.0, 1.0, 1.0, 2.0], groups=["a", "a", "a", "b"])
+    assert (low, high) == (1.0, 2.0)
