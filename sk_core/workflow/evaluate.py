@@ -224,6 +224,9 @@ def print_scenario(console: Console, result: dict) -> None:
     if latency:
         console.print(latency_table(scenario, latency))
     for r in result["rows"]:
+        if r.get("pair_speedups"):
+            console.print(f"{r['name']}: B ÷ A per engine pair, in start order: "
+                          + ", ".join(f"{x:.3f}" for x in r["pair_speedups"]))
         judged = r.get("divergences")
         if judged is None and (d := r["divergence"]):  # a result file written before divergences were judged
             judged = [d | {"kind": "divergence"}]

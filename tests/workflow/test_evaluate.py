@@ -238,6 +238,9 @@ def test_restarts_alternate_the_start_order_and_each_pair_is_a_group(monkeypatch
     assert row["pair_speedups"] == pytest.approx([1 / 1.1, 1.1, 1 / 1.1])
     assert row["interval"][0] == pytest.approx(1 / 1.1) and row["interval"][1] == pytest.approx(1.1)
     assert len({e[3] for e in log if e[0] == "start"}) == 6  # every pair's logs kept
+    console = Console(width=250, record=True)
+    evaluate.print_scenario(console, result)
+    assert "single-request: B ÷ A per engine pair, in start order: 0.909, 1.100, 0.909" in console.export_text()
 
 
 def test_restarts_need_a_round_per_pair():
