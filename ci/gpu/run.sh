@@ -13,7 +13,9 @@
 # "linear": sk.ops.linear against cuBLAS at the attention projections, and
 # its tests and the fused blocks' GPU tests; "linear-sweep": its split-K configs swept at Llama-3-8B's and
 # Llama-3.2-1B's projections; "geglu-paths": the GEGLU op on the paths a user takes, seed/decode/prefill shapes,
-# inference only).
+# inference only; "gated-mlp": benchmarks/bench_gated_mlp.py at the engines' shapes with the peers importable here,
+# each implementation's kernels timed too (with the engines installed, ci/gpu/engines.sh bench-gated-mlp adds
+# vLLM's and SGLang's sequences)).
 set -uo pipefail
 out=${1:?usage: ci/gpu/run.sh OUTDIR}
 mkdir -p "$out"
@@ -41,6 +43,8 @@ for step in $steps; do
     tune)  python3 benchmarks/tune_launch.py "$out" 2>&1 | tee "$out/tune.log" ;;
     bench) sk bench --peers --out "$out" 2>&1 | tee "$out/bench.log" ;;
     geglu) [ -f benchmarks/bench_geglu.py ] && python3 benchmarks/bench_geglu.py "$out" 2>&1 | tee "$out/geglu.log" ;;
+    gated-mlp) python3 benchmarks/bench_gated_mlp.py --out "$out/gated_mlp" --no-compile --kernels \
+                 --shapes llama3.2-1b,llama3-8b,gemma-2b --m 1,8,32,128,2048 2>&1 | tee "$out/gated_mlp.log" ;;
     geglu-paths) python3 benchmarks/bench_geglu_paths.py "$out/geglu_paths" --no-training 2>&1 \
                    | tee "$out/geglu_paths.log" ;;
     training) python3 benchmarks/bench_training_ops.py --sweep --out "$out/training" 2>&1 | tee "$out/training.log"
