@@ -258,13 +258,12 @@ def print_scenario(console: Console, result: dict) -> None:
                           "layer; more means copies made per call)")
     env = result["environment"]
     engine = f"SGLang {env['sglang']}" if env.get("engine") == "sglang" else f"vLLM {env['vllm']}"
+    started = result["settings"].get("start_orders", [])
     console.print(f"[dim]{engine}, torch {env['torch']}, {env['device']}; "
                   f"{'eager' if result['settings']['enforce_eager'] else 'engine default compilation'}; "
                   f"paired A/B, order {result['settings'].get('order', 'ABBA')}"
-                  + (", started " + " then ".join(result["settings"]["start_orders"])
-                     if len(result["settings"].get("start_orders", [])) > 1 else "")
-                  + (", 95% bootstrap intervals over engine pairs, then rounds"
-                     if len(result["settings"].get("start_orders", [])) > 1 else ", 95% bootstrap intervals over rounds"))
+                  + (f", started {' then '.join(started)}, 95% bootstrap intervals over engine pairs, then rounds"
+                     if len(started) > 1 else ", 95% bootstrap intervals over rounds"))
     if env["device"] == "cpu":
         console.print("[yellow]CPU engine: tok/s, latencies and intervals are CPU timings of a small model (and "
                       "noisy on a shared machine); the MATCH columns are what this run proves.")
