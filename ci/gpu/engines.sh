@@ -22,7 +22,8 @@
 #   selftest-MODEL-ENGINE   sk eval --self-test on h200-MODEL-ENGINE.yaml (in scenarios/): stock against stock
 #   pair-MODEL-ENGINE       sk eval on it: stock against our adapter, paired (e.g. pair-llama3-8b-sglang)
 #   bench-gated-mlp         benchmarks/bench_gated_mlp.py with the engines' kernels importable (vLLM's _C and
-#                           sgl_kernel as peers), each sequence's kernels timed too (--kernels)
+#                           sgl_kernel as peers), each sequence's kernels timed too (--kernels); three shapes at
+#                           1-2048 rows unless SK_GATED_MLP_SHAPES ("all" or names) and SK_GATED_MLP_M say otherwise
 #   profile-MODEL-ENGINE    sk profile on it, stock: decode batch 1, 8, 64 and the 1024/128 throughput batch
 #                           ($SK_EVAL_WORKLOADS, comma-separated, replaces the workloads of selftest- and pair-;
 #                           SK_EVAL_CROSSED=1 adds --crossed: both start orders, the rounds pooled;
@@ -92,7 +93,9 @@ case $step in
           [ -n "${SK_EVAL_RESTARTS:-}" ] && command+=(--restarts "$SK_EVAL_RESTARTS") ;;
   bench-gated-mlp)
           command=(python3 benchmarks/bench_gated_mlp.py --out "$work" --no-compile --kernels
-                   --shapes llama3.2-1b,llama3-8b,gemma-2b --m 1,8,32,128,2048) ;;
+                   --m "${SK_GATED_MLP_M:-1,8,32,128,2048}")
+          [ "${SK_GATED_MLP_SHAPES:-}" = all ] \
+            || command+=(--shapes "${SK_GATED_MLP_SHAPES:-llama3.2-1b,llama3-8b,gemma-2b}") ;;
   profile-*)
           command=(python3 -m sk.cli profile "$PWD/scenarios/h200-${step#profile-}.yaml" --out "$work"
                    --workloads LLM.decode_batch_1,LLM.decode_batch_8,LLM.decode_batch_64,LLM.throughput) ;;

@@ -15,7 +15,8 @@
 # Llama-3.2-1B's projections; "geglu-paths": the GEGLU op on the paths a user takes, seed/decode/prefill shapes,
 # inference only; "gated-mlp": benchmarks/bench_gated_mlp.py at the engines' shapes with the peers importable here,
 # each implementation's kernels timed too (with the engines installed, ci/gpu/engines.sh bench-gated-mlp adds
-# vLLM's and SGLang's sequences)).
+# vLLM's and SGLang's sequences); three shapes at 1-2048 rows unless SK_GATED_MLP_SHAPES ("all" or names) and
+# SK_GATED_MLP_M say otherwise).
 set -uo pipefail
 out=${1:?usage: ci/gpu/run.sh OUTDIR}
 mkdir -p "$out"
@@ -35,6 +36,10 @@ if [ -d "$cute_dir" ]; then  # QuACK's CuTe-DSL GEMMs, staged by ci/gpu/cute.sh 
 fi
 python3 -c 'import torch, triton; p = torch.cuda.get_device_properties(0); print(p.name, torch.__version__, triton.__version__)' \
   | tee "$out/environment.txt"
+# The gated-MLP benchmark's cases: SK_GATED_MLP_SHAPES (comma-separated names, or "all") and SK_GATED_MLP_M.
+gated_mlp_cases=(--m "${SK_GATED_MLP_M:-1,8,32,128,2048}")
+[ "${SK_GATED_MLP_SHAPES:-}" = all ] \
+  || gated_mlp_cases+=(--shapes "${SK_GATED_MLP_SHAPES:-llama3.2-1b,llama3-8b,gemma-2b}")
 status=0
 for step in $steps; do
   case $step in
@@ -44,7 +49,7 @@ for step in $steps; do
     bench) sk bench --peers --out "$out" 2>&1 | tee "$out/bench.log" ;;
     geglu) [ -f benchmarks/bench_geglu.py ] && python3 benchmarks/bench_geglu.py "$out" 2>&1 | tee "$out/geglu.log" ;;
     gated-mlp) python3 benchmarks/bench_gated_mlp.py --out "$out/gated_mlp" --no-compile --kernels \
-                 --shapes llama3.2-1b,llama3-8b,gemma-2b --m 1,8,32,128,2048 2>&1 | tee "$out/gated_mlp.log" ;;
+                 "${gated_mlp_cases[@]}" 2>&1 | tee "$out/gated_mlp.log" ;;
     geglu-paths) python3 benchmarks/bench_geglu_paths.py "$out/geglu_paths" --no-training 2>&1 \
                    | tee "$out/geglu_paths.log" ;;
     training) python3 benchmarks/bench_training_ops.py --sweep --out "$out/training" 2>&1 | tee "$out/training.log"
