@@ -253,20 +253,21 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--out", type=output_dir, default="results/eval",
                           help="folder for the JSON, the PNG chart and engine logs")
     evaluate.add_argument("--rounds", type=positive_int, default=DEFAULT_ROUNDS, metavar="N",
-                          help=f"paired rounds per workload, each one timed batch per engine, A B B A ... "
-                               f"(default {DEFAULT_ROUNDS})")
+                          help=f"paired rounds per workload, each one timed batch per engine, A B B A ...: even, "
+                               f"and with --restarts a multiple of twice its N (default {DEFAULT_ROUNDS})")
     _workloads_option(evaluate)
     evaluate.add_argument("--self-test", action="store_true",
                           help="the stock engine as both baseline and candidate: every interval should hold 1.00")
     evaluate.add_argument("--restarts", type=positive_int, default=None, metavar="N",
-                          help="start the pair of engines N times (baseline first, then candidate first, ...), "
+                          help="start the pair of engines N times, N 1 or even (baseline first, then candidate "
+                               "first, ...), "
                                "the rounds split between the pairs and pooled: a difference between the engine "
                                "started first and the one started second cancels, and the interval, resampling "
                                "the pairs and then their rounds, holds what differs from one engine start to the "
                                "next (default 1)")
     evaluate.add_argument("--crossed", action="store_true", help="shorthand for --restarts 2")
     evaluate.add_argument("--tie-nats", type=non_negative_float, default=None, metavar="NATS",
-                          help="a sequence that first differs where both engines hold both tokens in their top 5 "
+                          help="a sequence that first differs where both engines hold both tokens in their top 20 "
                                "and disagree on the two tokens' log-probability difference by at most NATS is a "
                                "near-tie, not a mismatch (default 1.0: four bf16 steps of a logit in [32, 64); "
                                "two stock vLLM engines disagreed by up to 0.75 on an H200; 0 counts every "

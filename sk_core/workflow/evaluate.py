@@ -18,6 +18,7 @@ a mismatch.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import statistics
 import tempfile
@@ -45,8 +46,9 @@ DEFAULT_TIE_NATS = 1.0
 
 
 def first_divergence(baseline: list[list[int]], candidate: list[list[int]]) -> dict | None:
-    """The first sequence (and position in it) whose tokens differ, or None when all agree."""
-    for seq, (b, c) in enumerate(zip(baseline, candidate)):
+    """The first sequence (and position in it) whose tokens differ, or None when all agree (a sequence one
+    engine did not return differs at position 0)."""
+    for seq, (b, c) in enumerate(itertools.zip_longest(baseline, candidate, fillvalue=[])):
         if b != c:
             position = next((i for i, (x, y) in enumerate(zip(b, c)) if x != y), min(len(b), len(c)))
             return {"sequence": seq, "position": position,
@@ -81,12 +83,18 @@ def disagreement(baseline_gap: float | None, candidate_gap: float | None) -> flo
 def judge_divergences(baseline: dict, candidate: dict, tie_nats: float) -> dict:
     """Each differing sequence judged at its first differing position: a near-tie when both engines' top
     log-probabilities hold both tokens and their `disagreement` is at most `tie_nats`, else a mismatch (also
-    where a sequence is shorter, or where an engine returned no log-probabilities). {"near_ties", "mismatches",
-    "divergences": per differing sequence its position, tokens, both gaps and their disagreement (nats, None
-    where a token is outside the top ones; then `disagreement_at_least_nats` bounds it from below) and its kind}."""
+    where a sequence is shorter, where an engine returned no log-probabilities, and where one engine returned a
+    sequence the other did not: "missing" names that engine). {"near_ties", "mismatches", "divergences": per
+    differing sequence its position, tokens, both gaps and their disagreement (nats, None where a token is outside
+    the top ones; then `disagreement_at_least_nats` bounds it from below) and its kind}."""
     divergences = []
-    for seq, (b, c) in enumerate(zip(baseline["tokens"], candidate["tokens"])):
+    for seq, (b, c) in enumerate(itertools.zip_longest(baseline["tokens"], candidate["tokens"])):
         if b == c:
+            continue
+        if b is None or c is None:
+            divergences.append({"sequence": seq, "position": 0, "baseline_token": (b or [None])[0],
+                                "candidate_token": (c or [None])[0],
+                                "missing": paired.BASELINE if b is None else paired.CANDIDATE, "kind": "mismatch"})
             continue
         position = next((i for i, (x, y) in enumerate(zip(b, c)) if x != y), min(len(b), len(c)))
         b_token = b[position] if position < len(b) else None
@@ -118,7 +126,7 @@ def compare_workload(token: str, baseline: dict, candidate: dict, timings: dict[
     spec = resolve(token).spec
     matches = sum(b == c for b, c in zip(baseline["tokens"], candidate["tokens"]))
     row = {"workload": token, "name": resolve(token).value, "purpose": spec.purpose.value,
-           "sequences": len(baseline["tokens"]), "matches": matches,
+           "sequences": max(len(baseline["tokens"]), len(candidate["tokens"])), "matches": matches,
            "divergence": first_divergence(baseline["tokens"], candidate["tokens"]),
            "tie_nats": tie_nats, **judge_divergences(baseline, candidate, tie_nats),
            "logprobs": {v: bool(g.get("top_logprobs")) and any(map(any, g["top_logprobs"]))
@@ -137,18 +145,18 @@ def compare_workload(token: str, baseline: dict, candidate: dict, timings: dict[
     return row
 
 
-def adapter_summary(report_dir: Path, engine: str) -> dict:
-    """What our adapter did in the candidate's model processes (vLLM workers, SGLang schedulers): replaced
-    layers, kernel calls, fallbacks."""
+def adapter_summary(report_dir: Path, engine: str, engine_starts: int = 1) -> dict:
+    """What our adapter did in the candidate's model processes (vLLM workers, SGLang schedulers) over its
+    `engine_starts` engine starts (`--restarts`), summed: replaced layers, kernel calls, fallbacks."""
     workers = model_process_reports(read_reports(report_dir, engine))
     if not workers:
-        return {"workers": 0}
+        return {"workers": 0, "engine_starts": engine_starts}
     merged = merge_reports(workers)
     fallbacks: dict[str, dict[str, int]] = {}
     for f in merged["coverage"]["fallbacks"]:
         fallbacks.setdefault(f["op"], {}).setdefault(f["reason"], 0)
         fallbacks[f["op"]][f["reason"]] += f["count"]
-    return {"workers": len(workers), "replaced": sorted(merged["replaced"]),
+    return {"workers": len(workers), "engine_starts": engine_starts, "replaced": sorted(merged["replaced"]),
             "kernel_calls": merged["coverage"]["kernel_calls"],
             "weights_prepared": merged["coverage"].get("weights_prepared", {}), "fallbacks": fallbacks}
 
@@ -157,9 +165,17 @@ def _lengths(values: list[int]) -> str:
     return str(values[0]) if len(set(values)) == 1 else "var"
 
 
+def _decimals(r: dict) -> int:
+    """Decimals that show what the verdict says: 2, or more where the interval's rounded ends would hold 1.00
+    while the interval itself does not (e.g. [1.003, 1.010], "candidate faster")."""
+    low, high = r["interval"]
+    return next((d for d in (2, 3, 4) if (round(low, d) <= 1 <= round(high, d)) == (low <= 1 <= high)), 5)
+
+
 def _interval(r: dict) -> str:
     low, high = r["interval"]
-    return f"[{low:.2f}, {high:.2f}] ±{r['interval_half_width'] * 100:.1f}%"
+    d = _decimals(r)
+    return f"[{low:.{d}f}, {high:.{d}f}] ±{r['interval_half_width'] * 100:.1f}%"
 
 
 def _spread(r: dict) -> str:
@@ -171,7 +187,7 @@ _PAIRED_COLUMNS = ("SPEEDUP", "95% CI", "SPREAD", "VERDICT", "MATCH")
 
 def _paired_cells(r: dict) -> list[str]:
     verdict = r["verdict"] if r["verdict"] == paired.WITHIN_NOISE else f"[bold]{r['verdict']}"
-    return [f"{r['speedup']:.2f}x", _interval(r), _spread(r), verdict, _match(r)]
+    return [f"{r['speedup']:.{_decimals(r)}f}x", _interval(r), _spread(r), verdict, _match(r)]
 
 
 def _match(r: dict) -> str:
@@ -193,8 +209,14 @@ def _gaps(d: dict) -> str:
     return f"; gaps: baseline {gap(d['baseline_gap_nats'])}, candidate {gap(d['candidate_gap_nats'])}{total}"
 
 
+# The per-engine columns are each engine's median batch; SPEEDUP is the median of the rounds' ratios, which can
+# lie on the other side of 1.00 than the columns' ratio when the rounds are uneven.
+_CAPTION = "each engine's column: its median batch; SPEEDUP: the median of the rounds' paired ratios"
+
+
 def throughput_table(scenario: scenarios.Scenario, rows: list[dict], verdict: str) -> Table:
-    table = Table(title=f"THROUGHPUT SUMMARY   {scenario.label}   correctness: {verdict}", title_justify="left")
+    table = Table(title=f"THROUGHPUT SUMMARY   {scenario.label}   correctness: {verdict}", title_justify="left",
+                  caption=_CAPTION, caption_justify="left")
     for column in ("SCENARIO", "SEQS", "IN", "OUT", "ROUNDS", "BASELINE tok/s", "CANDIDATE tok/s", *_PAIRED_COLUMNS):
         table.add_column(column, justify="left" if column == "SCENARIO" else "right")
     for r in rows:
@@ -206,7 +228,8 @@ def throughput_table(scenario: scenarios.Scenario, rows: list[dict], verdict: st
 
 
 def latency_table(scenario: scenarios.Scenario, rows: list[dict]) -> Table:
-    table = Table(title=f"LATENCY SUMMARY   {scenario.label}", title_justify="left")
+    table = Table(title=f"LATENCY SUMMARY   {scenario.label}", title_justify="left", caption=_CAPTION,
+                  caption_justify="left")
     for column in ("SCENARIO", "BS", "OUT", "ROUNDS", "BASELINE med", "CANDIDATE med", *_PAIRED_COLUMNS):
         table.add_column(column, justify="left" if column == "SCENARIO" else "right")
     for r in rows:
@@ -231,6 +254,10 @@ def print_scenario(console: Console, result: dict) -> None:
         if judged is None and (d := r["divergence"]):  # a result file written before divergences were judged
             judged = [d | {"kind": "divergence"}]
         for d in (judged or [])[:3]:
+            if d.get("missing"):
+                console.print(f"[red]{r['name']}: sequence {d['sequence']}: the {d['missing']} engine returned "
+                              "no such sequence: mismatch")
+                continue
             style = "[yellow]" if d["kind"] == "near-tie" else "[red]"
             console.print(f"{style}{r['name']}: sequence {d['sequence']} first differs at output position "
                           f"{d['position']} (baseline token {d['baseline_token']}, candidate {d['candidate_token']})"
@@ -253,9 +280,11 @@ def print_scenario(console: Console, result: dict) -> None:
         reasons = sorted({reason for rs in adapter["fallbacks"].values() for reason in rs})
         console.print(f"candidate worker: replaced {', '.join(adapter['replaced'])}; Triton kernel calls {calls or 0}; "
                       f"PyTorch-reference calls {fallbacks or 0}" + (f" ({'; '.join(reasons)})" if reasons else ""))
+        starts = adapter.get("engine_starts", 1)
         if adapter.get("weights_prepared"):
-            console.print(f"candidate worker: weight copies prepared {adapter['weights_prepared']} (a few per "
-                          "layer; more means copies made per call)")
+            console.print(f"candidate worker: weight copies prepared {adapter['weights_prepared']}"
+                          + (f" over its {starts} engine starts (a few per layer and start;" if starts > 1 else
+                             " (a few per layer;") + " more means copies made per call)")
     env = result["environment"]
     engine = f"SGLang {env['sglang']}" if env.get("engine") == "sglang" else f"vLLM {env['vllm']}"
     started = result["settings"].get("start_orders", [])
@@ -285,20 +314,26 @@ def check_self_test(self_test: bool, candidates: Path | None) -> None:
 
 
 def check_restarts(restarts: int, rounds: int) -> None:
+    """The balanced design `sk eval` times: each engine pair runs as many A B rounds as B A rounds, and with
+    more than one pair, as many pairs start the baseline first as start the candidate first, all with the same
+    rounds. Otherwise an advantage of a batch's place or an engine's start slot would not cancel in the median."""
     if restarts < 1:
         raise WorkflowError(f"--restarts must be 1 or more; got {restarts}")
-    if rounds < restarts:
-        raise WorkflowError(f"--restarts {restarts} splits --rounds between {restarts} engine pairs and needs "
-                            f"{restarts} rounds or more; got --rounds {rounds}")
+    if restarts > 1 and restarts % 2:
+        raise WorkflowError(f"--restarts must be 1 or even: the engine pairs alternate their start order, and only "
+                            f"an even number starts each engine first as often; got --restarts {restarts}")
+    if rounds < 2 * restarts or rounds % (2 * restarts):
+        pairs = f"each of the {restarts} engine pairs" if restarts > 1 else "the engine pair"
+        raise WorkflowError(f"--rounds must be a multiple of {2 * restarts}, 2 or more for {pairs} (as many A B "
+                            f"rounds as B A rounds); got --rounds {rounds}")
 
 
 def start_orders(restarts: int, rounds: int) -> list[tuple[tuple[str, str], int]]:
     """The engine pairs' start orders and the rounds each gets: `restarts` pairs, started baseline first, then
-    candidate first, and so on, the rounds split as evenly as they go (the earlier pairs get the extra ones)."""
+    candidate first, and so on, each with rounds / restarts rounds (`check_restarts`)."""
     check_restarts(restarts, rounds)
     first = (paired.BASELINE, paired.CANDIDATE)
-    return [(first if k % 2 == 0 else first[::-1], rounds // restarts + (k < rounds % restarts))
-            for k in range(restarts)]
+    return [(first if k % 2 == 0 else first[::-1], rounds // restarts) for k in range(restarts)]
 
 
 def _start_label(started: tuple[str, str]) -> str:
@@ -335,9 +370,11 @@ def _paired_runs(scenario: scenarios.Scenario, started: tuple[str, str], rounds:
             if match:
                 greedy[token] = {v: engines[v].call("match", description=f"{token} MATCH", workload=token)
                                  for v in (paired.BASELINE, paired.CANDIDATE)}
-            for variant, engine in engines.items():  # warm-up: first-call costs stay out of the timing
+            # Warm-up, first-call costs out of the timing; the engine that leads the rounds warms up last, so
+            # that each engine's timed batch follows its own previous batch in as many rounds as the other's.
+            for variant in started[::-1]:
                 for _ in range(getattr(spec, "warmup", 1)):
-                    engine.call("batch", description=f"{token} warm-up", workload=token)
+                    engines[variant].call("batch", description=f"{token} warm-up", workload=token)
             timings[token] = {paired.BASELINE: [], paired.CANDIDATE: []}
             for r, pair in enumerate(order):
                 for variant in pair:
@@ -376,7 +413,7 @@ def evaluate_scenario(scenario: scenarios.Scenario, *, out_dir: Path, stem: str,
                            for v in (paired.BASELINE, paired.CANDIDATE)} for token in scenario.workloads}
         rows = [compare_workload(token, greedy[token][paired.BASELINE], greedy[token][paired.CANDIDATE],
                                  timings[token], tie_nats) for token in scenario.workloads]
-        adapter = adapter_summary(Path(reports), scenario.engine)
+        adapter = adapter_summary(Path(reports), scenario.engine, engine_starts=restarts)
     passed = all(r["mismatches"] == 0 for r in rows)
     orders = ["".join("AB" if p[0] == paired.BASELINE else "BA" for p in paired.pairing_order(n, lead=started[0]))
               for started, n in runs]

@@ -3,8 +3,9 @@
 Baseline (A) and candidate (B) run side by side on one device; round r times one batch of each, in the order
 A B in even rounds and B A in odd ones (A B B A A B ...), so that drift in the machine (clocks, heat, other
 tenants) hits both equally. Each round gives one ratio, the candidate's speed over the baseline's
-(baseline seconds / candidate seconds: above 1 the candidate is faster). The row reports the median ratio, a
-95% interval for it from a bootstrap over rounds (numpy, fixed seed), the spread of the per-round ratios, and
+(baseline seconds / candidate seconds: above 1 the candidate is faster). The row reports the median ratio (with an
+even count, the geometric mean of the middle two: `summarize`), a 95% interval for it from a bootstrap over rounds (numpy,
+fixed seed), the spread of the per-round ratios, and
 "within noise" when the interval contains 1.00. Pure functions: no engine, no clock.
 
 When the pair was started more than once (`sk eval --restarts`), each engine pair is a group of rounds, and the
@@ -82,17 +83,21 @@ def verdict(interval: tuple[float, float]) -> str:
 
 
 def summarize(baseline_s: list[float], candidate_s: list[float], groups: list | None = None, **bootstrap) -> dict:
-    """One workload's paired timings (seconds per batch, round by round) -> ratio, interval, spread, verdict.
-    `groups`: each round's engine pair (e.g. its start), for the two-level interval and the per-pair medians."""
-    if len(baseline_s) != len(candidate_s) or not baseline_s:
-        raise ValueError(f"paired timings need the same number of rounds, 1 or more; got {len(baseline_s)} "
-                         f"baseline and {len(candidate_s)} candidate")
+    """One workload's paired timings (seconds per batch, round by round, 2 rounds or more) -> ratio, interval,
+    spread, verdict. `groups`: each round's engine pair (e.g. its start), for the two-level interval and the
+    per-pair medians. The medians are taken of the ratios' logarithms, so that an even count's middle two are
+    averaged geometrically: a ratio r and its inverse 1/r, as a slot effect crossed over two start orders gives,
+    have the median 1.00 (the arithmetic mean of the two, (r + 1/r) / 2, is above it)."""
+    if len(baseline_s) != len(candidate_s) or len(baseline_s) < 2:
+        raise ValueError(f"paired timings need the same number of rounds, 2 or more (one round has no interval); "
+                         f"got {len(baseline_s)} baseline and {len(candidate_s)} candidate")
     ratios = [b / c for b, c in zip(baseline_s, candidate_s)]
-    median = float(np.median(ratios))
-    interval = bootstrap_interval(ratios, groups=groups, **bootstrap)
+    logs = np.log(ratios)
+    median = float(np.exp(np.median(logs)))
+    interval = tuple(float(np.exp(v)) for v in bootstrap_interval(list(logs), groups=groups, **bootstrap))
     per_pair = {}
     if groups is not None and len(set(groups)) > 1:
-        per_pair = {"pair_speedups": [float(np.median([r for r, g in zip(ratios, groups) if g == label]))
+        per_pair = {"pair_speedups": [float(np.exp(np.median([v for v, g in zip(logs, groups) if g == label])))
                                       for label in dict.fromkeys(groups)]}
     return {
         "rounds": len(ratios),

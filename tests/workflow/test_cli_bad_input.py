@@ -95,8 +95,15 @@ CASES = [  # (argv, what the message says); {in}: the bad inputs, {out}: a folde
     (["eval", GOOD_SCENARIO, "--self-test", "--candidates", "{in}", "--out", "{out}"],
      "--self-test runs the stock engine against itself and takes no candidate folder; got --candidates {in}"),
     (["eval", GOOD_SCENARIO, "--rounds", "0", "--out", "{out}"], f"argument --rounds: 0 {NOT_ALLOWED}"),
-    (["eval", GOOD_SCENARIO, "--crossed", "--rounds", "1", "--out", "{out}"],
-     "--restarts 2 splits --rounds between 2 engine pairs and needs 2 rounds or more; got --rounds 1"),
+    (["eval", GOOD_SCENARIO, "--crossed", "--rounds", "6", "--out", "{out}"],
+     "--rounds must be a multiple of 4, 2 or more for each of the 2 engine pairs (as many A B rounds as B A "
+     "rounds); got --rounds 6"),
+    (["eval", GOOD_SCENARIO, "--rounds", "3", "--out", "{out}"],
+     "--rounds must be a multiple of 2, 2 or more for the engine pair (as many A B rounds as B A rounds); got "
+     "--rounds 3"),
+    (["eval", GOOD_SCENARIO, "--restarts", "3", "--rounds", "6", "--out", "{out}"],
+     "--restarts must be 1 or even: the engine pairs alternate their start order, and only an even number starts "
+     "each engine first as often; got --restarts 3"),
     (["eval", GOOD_SCENARIO, "--restarts", "0", "--out", "{out}"], f"argument --restarts: 0 {NOT_ALLOWED}"),
     (["eval", GOOD_SCENARIO, "--crossed", "--restarts", "4", "--out", "{out}"],
      "--crossed is --restarts 2; got --restarts 4 too (drop one of the two)"),

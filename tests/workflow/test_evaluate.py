@@ -19,11 +19,11 @@ def timings(baseline_s, candidate_s, output_tokens=4):
             "candidate": [{"elapsed_s": t, "output_tokens": output_tokens} for t in candidate_s]}
 
 
-def printed(rows, correctness, self_test=False, replaced=()):
+def printed(rows, correctness, self_test=False, replaced=(), **adapter):
     """What `sk eval` prints for one scenario of these rows (an adapter run on the CPU engine)."""
     scenario = Scenario(model="sk-tiny/llama", dtype="float32", workloads=[r["workload"] for r in rows])
     result = {"scenario": scenario.model_dump(), "rows": rows, "correctness": correctness,
-              "adapter": {"workers": 1, "replaced": list(replaced), "kernel_calls": {}, "fallbacks": {}},
+              "adapter": {"workers": 1, "replaced": list(replaced), "kernel_calls": {}, "fallbacks": {}, **adapter},
               "candidates_replaced": None, "self_test": self_test,
               "environment": {"vllm": "0.32.0", "torch": "2.13", "device": "cpu"},
               "settings": {"enforce_eager": True, "order": "ABBA"}}
@@ -67,6 +67,20 @@ def test_a_divergence_at_a_near_tie_is_told_from_a_mismatch():
     # A sequence that is only shorter is a mismatch too.
     short = evaluate.judge_divergences(greedy([[1, 2, 3]]), greedy([[1, 2]]), 10.0)["divergences"]
     assert short[0]["position"] == 2 and short[0]["candidate_token"] is None and short[0]["kind"] == "mismatch"
+
+
+def test_a_sequence_one_engine_did_not_return_is_a_mismatch():
+    # The candidate returned one sequence of two: MATCH is 1/2 and correctness fails, whichever engine it was.
+    row = evaluate.compare_workload("LLM.mixed", greedy([[1, 2], [3, 4]]), greedy([[1, 2]]),
+                                    timings([1.0, 1.0], [1.0, 1.0]))
+    assert (row["matches"], row["sequences"], row["mismatches"]) == (1, 2, 1)
+    assert row["divergences"] == [{"sequence": 1, "position": 0, "baseline_token": 3, "candidate_token": None,
+                                   "missing": "candidate", "kind": "mismatch"}]
+    assert row["divergence"] == {"sequence": 1, "position": 0, "baseline_token": 3, "candidate_token": None}
+    extra = evaluate.judge_divergences(greedy([[1, 2]]), greedy([[1, 2], [5]]), 1.0)
+    assert extra["mismatches"] == 1 and extra["divergences"][0]["missing"] == "baseline"
+    text = printed([row], "FAIL")
+    assert "1/2" in text and "mixed: sequence 1: the candidate engine returned no such sequence: mismatch" in text
 
 
 def test_a_near_tie_is_judged_by_the_engines_disagreement_not_by_each_gap():
@@ -128,8 +142,32 @@ def test_summary_tables_show_the_seed_columns_intervals_and_the_verdict():
                      "95% CI", "[0.90, 0.90]", "candidate slower", "LATENCY SUMMARY", "BASELINE med", "0.5000s",
                      "1.25x", "candidate faster", "mixed: sequence 1 first differs at output position 1",
                      "outside the top log-probabilities: mismatch",
-                     "paired A/B, order ABBA", "CPU timings"):
+                     "paired A/B, order ABBA", "CPU timings",
+                     "SPEEDUP: the median of the rounds' paired ratios"):
         assert expected in text, expected
+
+
+def test_the_table_shows_enough_decimals_for_the_verdict():
+    # The 2026-12-04 vLLM self-test's shape: every round 1.003-1.011 faster. At two decimals its interval would
+    # read [1.00, 1.01] beside "candidate faster".
+    row = evaluate.compare_workload("LLM.single_request", greedy([[1, 2, 3]]), greedy([[1, 2, 3]]),
+                                    timings([1.003, 1.011, 1.005, 1.008, 1.004, 1.009, 1.006, 1.007], [1.0] * 8))
+    assert row["verdict"] == "candidate faster"
+    assert evaluate._interval(row).startswith("[1.004, 1.00") and evaluate._paired_cells(row)[0] == "1.006x"
+    wide = evaluate.compare_workload("LLM.single_request", greedy([[1]]), greedy([[1]]),
+                                     timings([0.9, 1.1, 1.0, 0.95], [1.0] * 4))
+    assert wide["verdict"] == "within noise" and evaluate._interval(wide).startswith("[0.9")
+    assert evaluate._paired_cells(wide)[0] == "0.97x"
+
+
+def test_weight_copies_are_read_per_engine_start():
+    # With --restarts 2 the candidate engine started twice: 8 copies are 4 layers' worth per start.
+    row = evaluate.compare_workload("LLM.single_request", greedy([[1]]), greedy([[1]]), timings([1.0, 1.0], [1.0, 1.0]))
+    text = printed([row], "PASS", replaced=["fused_gated_mlp"], weights_prepared={"fused_gated_mlp": 8},
+                   engine_starts=2)
+    assert ("candidate worker: weight copies prepared {'fused_gated_mlp': 8} over its 2 engine starts (a few per "
+            "layer and start; more means copies made per call)") in text
+    assert "(a few per layer; more" in printed([row], "PASS", weights_prepared={"fused_gated_mlp": 4})
 
 
 def test_a_self_test_with_a_candidate_folder_is_refused(tmp_path):
@@ -153,13 +191,15 @@ def test_the_chart_is_drawn_for_rows_with_near_ties(tmp_path):
 
 class _FakeEngine:
     """An engine process as sk eval drives it: each batch of a variant takes that variant's time plus a cost of
-    its start slot (the engine started second is slower), and every call is logged."""
+    its start slot (the engine started second is slower), less `carry_over` when the batch before it on the
+    device was this engine's own; every call is logged."""
 
     SLOT_COST_S = 0.1
 
     def __init__(self, log, seconds, scenario, *, label, env, progress, candidates, slot, engines, log_path,
-                 **settings):
+                 last_batch, carry_over=0.0, slot_cost=SLOT_COST_S, **settings):
         self.variant, self.slot, self.log, self.seconds = label.split()[0], slot, log, seconds
+        self.last_batch, self.carry_over, self.slot_cost = last_batch, carry_over, slot_cost
         log.append(("start", self.variant, slot, log_path.name))
 
     def wait_ready(self):
@@ -170,17 +210,19 @@ class _FakeEngine:
         if name == "match":
             return {"tokens": [[1, 2]], "input_lens": [3], "top_logprobs": None}
         if name == "batch":
-            return {"elapsed_s": self.seconds[self.variant] + self.SLOT_COST_S * self.slot, "output_tokens": 2,
-                    "started_at": 0.0}
+            follows_itself, self.last_batch[0] = self.last_batch[0] is self, self
+            return {"elapsed_s": self.seconds[self.variant] + self.slot_cost * self.slot
+                    - self.carry_over * follows_itself, "output_tokens": 2, "started_at": 0.0}
         return {"environment": {"vllm": "0.32.0", "torch": "2.13", "device": "cpu"}, "candidates_replaced": None}
 
     def close(self):
         self.log.append(("close", self.variant, self.slot))
 
 
-def _evaluate_with_fakes(monkeypatch, tmp_path, restarts, seconds, rounds=4):
-    log = []
-    monkeypatch.setattr(evaluate, "EngineProcess", lambda *a, **k: _FakeEngine(log, seconds, *a, **k))
+def _evaluate_with_fakes(monkeypatch, tmp_path, restarts, seconds, rounds=4, carry_over=0.0):
+    log, last_batch = [], [None]
+    fake = {"last_batch": last_batch, "carry_over": carry_over, "slot_cost": 0.0 if carry_over else 0.1}
+    monkeypatch.setattr(evaluate, "EngineProcess", lambda *a, **k: _FakeEngine(log, seconds, *a, **k, **fake))
     scenario = Scenario(model="sk-tiny/llama", dtype="float32", workloads=["LLM.single_request"])
     result = evaluate.evaluate_scenario(scenario, out_dir=tmp_path, stem="s", rounds=rounds, self_test=True,
                                         candidates=None, run_settings={"enforce_eager": True}, restarts=restarts)
@@ -201,8 +243,8 @@ def test_crossed_start_orders_cancel_the_slot_and_match_once(monkeypatch, tmp_pa
     result, log = _evaluate_with_fakes(monkeypatch, tmp_path, 2, {"baseline": 1.0, "candidate": 1.0})
     (row,) = result["rows"]
     # Two rounds with the candidate on slot 1 (ratio 1/1.1), two with it on slot 0 (ratio 1.1): the median is
-    # the middle two's mean, 1.005 (the plain pair's 0.909 is gone), and the interval holds both pairs' ratios.
-    assert row["rounds"] == 4 and row["speedup"] == pytest.approx((1 / 1.1 + 1.1) / 2)
+    # 1.00 (the plain pair's 0.909 is gone), and the interval holds both pairs' ratios.
+    assert row["rounds"] == 4 and row["speedup"] == pytest.approx(1.0)
     assert row["interval"][0] == pytest.approx(1 / 1.1) and row["interval"][1] == pytest.approx(1.1)
     assert row["verdict"] == "within noise"
     assert row["pair_speedups"] == pytest.approx([1 / 1.1, 1.1])
@@ -227,29 +269,49 @@ def test_crossed_start_orders_cancel_the_slot_and_match_once(monkeypatch, tmp_pa
 
 
 def test_restarts_alternate_the_start_order_and_each_pair_is_a_group(monkeypatch, tmp_path):
-    # Three pairs: the slot effect of the odd pair out does not cancel in the pooled median, and the interval,
-    # resampling pairs first, reaches both pairs' ratios.
-    result, log = _evaluate_with_fakes(monkeypatch, tmp_path, 3, {"baseline": 1.0, "candidate": 1.0}, rounds=7)
+    # Four pairs of two rounds: the slot effect cancels in the pooled median, and the interval, resampling pairs
+    # first, reaches both start orders' ratios.
+    result, log = _evaluate_with_fakes(monkeypatch, tmp_path, 4, {"baseline": 1.0, "candidate": 1.0}, rounds=8)
     (row,) = result["rows"]
     assert [(v, slot) for e, v, slot, *_ in log if e == "start"] == [
-        ("baseline", 0), ("candidate", 1), ("candidate", 0), ("baseline", 1), ("baseline", 0), ("candidate", 1)]
-    assert result["settings"]["order"] == "ABBAAB | BAAB | ABBA"  # 3, 2 and 2 rounds
-    assert [t["pair"] for t in row["timings"]["candidate"]] == [0, 0, 0, 1, 1, 2, 2]
-    assert row["pair_speedups"] == pytest.approx([1 / 1.1, 1.1, 1 / 1.1])
+        ("baseline", 0), ("candidate", 1), ("candidate", 0), ("baseline", 1)] * 2
+    assert result["settings"]["order"] == "ABBA | BAAB | ABBA | BAAB"
+    assert [t["pair"] for t in row["timings"]["candidate"]] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert row["pair_speedups"] == pytest.approx([1 / 1.1, 1.1] * 2)
+    assert row["speedup"] == pytest.approx(1.0)
     assert row["interval"][0] == pytest.approx(1 / 1.1) and row["interval"][1] == pytest.approx(1.1)
-    assert len({e[3] for e in log if e[0] == "start"}) == 6  # every pair's logs kept
+    assert len({e[3] for e in log if e[0] == "start"}) == 8  # every pair's logs kept
     console = Console(width=250, record=True)
     evaluate.print_scenario(console, result)
-    assert "single-request: B ÷ A per engine pair, in start order: 0.909, 1.100, 0.909" in console.export_text()
+    assert ("single-request: B ÷ A per engine pair, in start order: 0.909, 1.100, 0.909, 1.100"
+            in console.export_text())
 
 
-def test_restarts_need_a_round_per_pair():
-    with pytest.raises(WorkflowError, match="--restarts 2 splits --rounds between 2 engine pairs and needs 2 "
-                                            "rounds or more; got --rounds 1"):
-        evaluate.check_restarts(2, 1)
+def test_a_batch_that_follows_its_own_engine_is_not_counted_for_either_variant(monkeypatch, tmp_path):
+    # A carry-over: a batch right after its own engine's previous one (warm-ups included) is 1 % faster. Every
+    # round pairs one such batch with one that follows the other engine, except where the warm-ups decide:
+    # the engine that leads the rounds warms up last, so each variant gets as many of them, in every pair.
+    for restarts in (1, 2):
+        result, log = _evaluate_with_fakes(monkeypatch, tmp_path / str(restarts), restarts,
+                                           {"baseline": 1.0, "candidate": 1.0}, rounds=8, carry_over=0.01)
+        (row,) = result["rows"]
+        pairs = [row["timings"][v] for v in ("baseline", "candidate")]
+        assert [sum(t["elapsed_s"] < 1.0 for t in times) for times in pairs] == [4, 4]
+        assert row["speedup"] == pytest.approx(1.0) and row["verdict"] == "within noise"
+    batches = [(v, slot) for e, v, slot, *_ in log if e == "batch"]
+    assert batches[:3] == [("candidate", 1), ("baseline", 0), ("baseline", 0)]  # warm-ups, then round 1
+
+
+def test_rounds_split_evenly_into_balanced_pairs():
+    for restarts, rounds, wrong in ((2, 1, "a multiple of 4, 2 or more for each of the 2 engine pairs"),
+                                    (2, 6, "a multiple of 4"), (1, 3, "a multiple of 2, 2 or more for the engine "
+                                                                        "pair"), (1, 1, "a multiple of 2")):
+        with pytest.raises(WorkflowError, match=f"--rounds must be {wrong}.*got --rounds {rounds}$"):
+            evaluate.check_restarts(restarts, rounds)
+    with pytest.raises(WorkflowError, match="--restarts must be 1 or even.*got --restarts 3"):
+        evaluate.check_restarts(3, 12)
     with pytest.raises(WorkflowError, match="--restarts must be 1 or more; got 0"):
         evaluate.check_restarts(0, 4)
-    evaluate.check_restarts(1, 1)
-    assert evaluate.start_orders(2, 5) == [(("baseline", "candidate"), 3), (("candidate", "baseline"), 2)]
-    assert evaluate.start_orders(1, 5) == [(("baseline", "candidate"), 5)]
+    assert evaluate.start_orders(1, 2) == [(("baseline", "candidate"), 2)]
+    assert evaluate.start_orders(2, 8) == [(("baseline", "candidate"), 4), (("candidate", "baseline"), 4)]
     assert evaluate.start_orders(4, 8) == [(("baseline", "candidate"), 2), (("candidate", "baseline"), 2)] * 2

@@ -39,9 +39,19 @@ def test_the_bootstrap_is_seeded():
     assert paired.bootstrap_interval([2.0]) == (2.0, 2.0)
 
 
-def test_unpaired_timings_are_refused():
+def test_unpaired_timings_and_a_single_round_are_refused():
     with pytest.raises(ValueError, match="same number of rounds"):
         paired.summarize([1.0, 1.0], [1.0])
+    with pytest.raises(ValueError, match=r"2 or more \(one round has no interval\); got 1 baseline and 1 candidate"):
+        paired.summarize([0.63], [0.62])
+
+
+def test_a_ratio_and_its_inverse_have_the_median_one():
+    # A slot effect crossed over two start orders: half the rounds 1.1, half 1/1.1. The arithmetic mean of the
+    # middle two would be 1.0045, "candidate faster" by a rounding of the statistic alone.
+    row = paired.summarize([1.1, 1.1, 1.0, 1.0], [1.0, 1.0, 1.1, 1.1])
+    assert row["speedup"] == pytest.approx(1.0, abs=1e-12)
+    assert row["interval"] == pytest.approx([1 / 1.1, 1.1]) and row["verdict"] == "within noise"
 
 
 def test_one_group_is_the_plain_bootstrap_and_groups_must_match_the_values():
