@@ -579,3 +579,25 @@ def test_prepare_weights_makes_the_copy_the_calls_read():
     assert not sk.ops.gated_mlp.prepare_weights(block["norm_weight"].double(), block["gate_up_weight"].double())
     assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 1}
     assert not sk.coverage.report()["fallbacks"]
+
+
+@needs_interpreter
+def test_interpreted_autocast_leaves_a_half_precision_x_in_its_dtype_on_every_route():
+    # Autocast to bf16 around an fp16 x: the fused kernels (few rows), the composed route (many rows) and the fake
+    # all answer in fp16; only an fp32 x is converted to the autocast dtype (the interpreter's bf16 dot is wrong,
+    # so that route is checked for its dtype on the reference here).
+    block = make_block(64, 96, "rms", bias=False)
+    block16 = {k: None if v is None else v.half() for k, v in block.items()}
+    for m in (3, 40):
+        x = make_x(m, 64, torch.float16)
+        want, _ = call_op(block16, x, None, "rms", "silu")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, h = call_op(block16, x, x.clone(), "rms", "silu")
+            fake = torch.compile(lambda t: call_op(block16, t, None, "rms", "silu")[0], fullgraph=True,
+                                 backend="aot_eager")(x)
+        assert out.dtype == h.dtype == fake.dtype == torch.float16, (m, out.dtype, h.dtype, fake.dtype)
+        assert rel_err(out, fp64(block16, x, x.clone(), "rms", "silu")[0]) < TOL[torch.float16]
+        assert rel_err(want, fp64(block16, x, None, "rms", "silu")[0]) < TOL[torch.float16]
+    with torch.autocast("cpu", dtype=torch.float16):
+        out, _ = call_op(block16, make_x(3, 64, torch.float32), None, "rms", "silu")
+    assert out.dtype == torch.float16

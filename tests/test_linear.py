@@ -266,3 +266,12 @@ def test_linear_configs_compile_for_sm90_on_wgmma_with_every_operand_fully_buffe
 
     for shape, r in run_compile_check(_COMPILE_CHECK).items():
         assert r["wgmma"] and r["buffers"] == [r["stages"]] * 2 and r["split"] > 1, (shape, r)
+
+
+def test_autocast_leaves_a_half_precision_x_in_its_dtype_on_both_backends():
+    w = torch.randn(24, 64, dtype=torch.float16) / 8
+    x = torch.randn(3, 64, dtype=torch.float16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outs = [sk.ops.linear(x, w, backend=b) for b in ("cublas", "split_k")]
+    assert [o.dtype for o in outs] == [torch.float16, torch.float16]
+    torch.testing.assert_close(outs[0], outs[1], rtol=2e-3, atol=2e-3)

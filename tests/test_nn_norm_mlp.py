@@ -229,3 +229,18 @@ def test_training_step_replayed_from_cuda_graphs(residual):
             assert torch.equal(a.grad, b.grad)
         graphed_block.zero_grad()
         eager.zero_grad()
+
+
+@pytest.mark.skipif(KERNEL_DEVICE == "cpu" and not sk.settings.get("triton_interpret"), reason="needs the kernels")
+def test_pre_norm_gated_ffn_under_autocast_keeps_the_fp32_residual_in_every_grad_mode():
+    # An fp32 x under fp16 autocast: the MLP computes in fp16 on both paths, the residual stream stays fp32.
+    block = randomized(sk.nn.PreNormGatedFFN(24, 40)).to(KERNEL_DEVICE)
+    x = torch.randn(3, 24, device=KERNEL_DEVICE) * 10 + 100
+    with torch.autocast(KERNEL_DEVICE, dtype=torch.float16):
+        trained = block(x)
+        with torch.no_grad():
+            inferred = block(x)
+    assert trained.dtype == inferred.dtype == torch.float32
+    # Both add an fp16 MLP output to the same fp32 x: they differ by the MLP's roundings alone (fp16, ~|mlp|·4u).
+    mlp_size = (trained - x).abs().max().item()
+    assert (trained - inferred).abs().max().item() <= 4 * 4.9e-4 * mlp_size + 1e-6

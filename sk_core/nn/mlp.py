@@ -166,11 +166,14 @@ class PreNormGatedFFN(nn.Module):
         if not _training(x, self):
             dtype = _compute_dtype(x)
             if dtype in (torch.bfloat16, torch.float16):
-                return self._fused(x.to(dtype), dtype)
+                # The residual added in x's own dtype, as on the training path (under autocast an fp32 x stays
+                # the fp32 residual stream; the MLP computes in the autocast dtype on both paths).
+                return x + self._fused(x.to(dtype), dtype)
         return x + self.mlp(self.norm(x))
 
     def _fused(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Inference in bf16/fp16: norm + MLP as one sk.ops.fused_gated_mlp call, then the residual add."""
+        """Inference in bf16/fp16: norm + MLP as one sk.ops.fused_gated_mlp call (the residual add is the
+        caller's)."""
         norm, mlp = self.norm, self.mlp
         kind = "gemma_rms" if norm.weight_offset == GEMMA_OFFSET else "rms"
         op = f"fused_gated_mlp/{kind}"
@@ -180,7 +183,7 @@ class PreNormGatedFFN(nn.Module):
             x, norm.weight, gate_up, weight_cache.cast(op, down.weight, dtype), norm.eps, norm=kind,
             activation=mlp.activation, gate_up_bias=gate_up_bias,
             down_bias=None if down.bias is None else weight_cache.cast(op, down.bias, dtype))
-        return x + out
+        return out
 
     @classmethod
     def from_modules(cls, norm: nn.Module, mlp: nn.Module, *, dtype: torch.dtype | None = None,

@@ -20,6 +20,8 @@ autograd of the reference, recorded.
 """
 from __future__ import annotations
 
+import contextlib
+
 import functools
 from typing import Optional
 
@@ -128,17 +130,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     N and K multiples of 8; anything else (fp32, CPU, other widths) the PyTorch reference, recorded in
     the Kernel Coverage report. A weight in another dtype than x is cast once and the copy reused (one copy of
     the weight in x's dtype), so call the op once before capturing a CUDA graph. Under autocast an fp32 x is
-    converted to the autocast dtype.
+    converted to the autocast dtype; the output has x's dtype.
     """
     if not _args_fit(x, weight, bias):
         _check_args(x, weight, bias)
     if backend not in BACKENDS:
         raise ValueError(f"sk.ops.{OP}: backend must be one of {BACKENDS}; got {backend!r}")
     device_type = x.device.type
-    if x.dtype == torch.float32 and torch.is_autocast_enabled(device_type):
+    autocast = torch.is_autocast_enabled(device_type)
+    if x.dtype == torch.float32 and autocast:
         x = x.to(torch.get_autocast_dtype(device_type))
     k = x.shape[-1]
     x2 = x.reshape(-1, k).contiguous()
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    out = _forward(x2, weight, bias, backend) if not grad and is_eager(x2) else _op(x2, weight, bias, backend)
+    # Under autocast both backends compute in x's dtype, as the kernel and the fake do.
+    with torch.autocast(device_type, enabled=False) if autocast else contextlib.nullcontext():
+        out = _forward(x2, weight, bias, backend) if not grad and is_eager(x2) else _op(x2, weight, bias, backend)
     return out.view(*x.shape[:-1], weight.shape[0])

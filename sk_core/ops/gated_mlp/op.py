@@ -12,6 +12,8 @@ reference, recorded as a backward fallback (inference kernels only: training sta
 """
 from __future__ import annotations
 
+import contextlib
+
 import functools
 from typing import Optional
 
@@ -52,17 +54,22 @@ def kernel_miss(x: torch.Tensor, norm: str, d_model: int, d_ff: int) -> str | No
 
 def prepare_weights(norm_weight: torch.Tensor, gate_up_weight: torch.Tensor, *, norm: str = "rms",
                     norm_bias: torch.Tensor | None = None, gate_up_bias: torch.Tensor | None = None,
-                    dtype: torch.dtype | None = None) -> bool:
+                    dtype: torch.dtype | None = None, refresh: bool = False) -> bool:
     """Make now the prepared gate/up copy that calls with activations of `dtype` (default: the weight's) will
     read, where the kernels cover such calls; returns whether it did. The op makes it at its first call
     otherwise: an engine calls this after loading its weights, so that the copy (the size of gate/up) exists
-    before it sizes its caches from the memory left. Records nothing but the copy's count."""
+    before it sizes its caches from the memory left. Records nothing but the copy's count.
+
+    `refresh=True`: after the weights were written in a way their version counters do not show (through
+    `.data`, as the engines' weight loaders write), or while CUDA graphs that read the copy stay in use: the
+    copy is made again into its own memory, so that those graphs compute with the new weights too."""
     dtype = gate_up_weight.dtype if dtype is None else dtype
     d, ff = gate_up_weight.shape[1], gate_up_weight.shape[0] // 2
     probe = gate_up_weight.new_empty((0, d), dtype=dtype)
     if kernel_miss(probe, norm, d, ff) is not None:
         return False
-    weights.prepared_gate_up(coverage_name(norm), norm, norm_weight, norm_bias, gate_up_weight, gate_up_bias, dtype)
+    weights.prepared_gate_up(coverage_name(norm), norm, norm_weight, norm_bias, gate_up_weight, gate_up_bias, dtype,
+                             remake=refresh)
     return True
 
 
@@ -231,14 +238,15 @@ def fused_gated_mlp(
     says so, anything else (fp32, CPU, other widths) the PyTorch reference, recorded. The gate/up weights are
     prepared once per weight version (norm scale folded in, rows interleaved; `sk.ops.gated_mlp.weights`: one
     extra copy of gate/up in the compute dtype), so call the op once before capturing a CUDA graph.
-    Under autocast an fp32 x (and residual) is converted to the autocast dtype.
+    Under autocast an fp32 x (and residual) is converted to the autocast dtype; the outputs have x's dtype.
     """
     args = (x, norm_weight, gate_up_weight, down_weight, eps, residual, norm, activation, norm_bias, gate_up_bias,
             down_bias)
     if not _args_fit(*args):
         _check_args(*args)
     device_type = x.device.type
-    if x.dtype == torch.float32 and torch.is_autocast_enabled(device_type):
+    autocast = torch.is_autocast_enabled(device_type)
+    if x.dtype == torch.float32 and autocast:
         dtype = torch.get_autocast_dtype(device_type)
         x = x.to(dtype)
         residual = None if residual is None else residual.to(dtype)
@@ -249,5 +257,8 @@ def fused_gated_mlp(
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     inputs = (x2, r2, norm_weight, norm_bias, gate_up_weight, gate_up_bias, down_weight, down_bias, float(eps),
               norm, activation)
-    out, h = _forward(*inputs) if not grad and is_eager(x2) else _op(*inputs)
+    # Under autocast, every route computes in x's dtype, as the kernels and the fake do (the reference's and the
+    # composed route's F.linear would otherwise autocast, and the output dtype would depend on the rows).
+    with torch.autocast(device_type, enabled=False) if autocast else contextlib.nullcontext():
+        out, h = _forward(*inputs) if not grad and is_eager(x2) else _op(*inputs)
     return out.view(x.shape), (x if residual is None else h.view(x.shape))
