@@ -23,6 +23,7 @@ What the op does not compute exactly as the engine's modules would is left on th
 """
 from __future__ import annotations
 
+import contextvars
 from typing import Callable, NamedTuple
 
 import torch
@@ -78,12 +79,16 @@ class FusedNormMLP(torch.nn.Module):
             out = self.sk_all_reduce(out)
         return out if residual is None else (out, h)
 
-    def prepare(self) -> bool:
+    def prepare(self, refresh: bool = False) -> bool:
         """Make the op's prepared gate/up copy now (where its kernels cover this block), rather than at its first
-        call: the adapters call this once the weights are loaded, before the engine sizes its caches."""
+        call: the adapters call this once the weights are loaded, before the engine sizes its caches.
+        `refresh`: make it again into its own memory, after the engine wrote new weights (`refresh_prepared`);
+        nothing while a weight is on the meta device (an engine's reload in progress)."""
         gate_up = self.sk_mlp.gate_up_proj
+        if refresh and "meta" in (self.weight.device.type, gate_up.weight.device.type):
+            return False
         return sk.ops.gated_mlp.prepare_weights(self.weight, gate_up.weight, norm=self.sk_plan.norm,
-                                                gate_up_bias=gate_up.bias)
+                                                gate_up_bias=gate_up.bias, refresh=refresh)
 
     def extra_repr(self) -> str:
         p = self.sk_plan
@@ -103,6 +108,81 @@ class MlpComputedByNorm(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         return x
+
+
+_STAND_INS: dict[type, type] = {}
+
+
+def stand_in_class(mlp_cls: type) -> type:
+    """`MlpComputedByNorm`, or where the engine's MLP class loads its own weights (SGLang's `load_weights`, which
+    merges gate_proj/up_proj into gate_up_proj), a subclass with that same method: it reads only the parameters,
+    which the stand-in holds under the same names."""
+    load = getattr(mlp_cls, "load_weights", None)
+    if load is None:
+        return MlpComputedByNorm
+    cls = _STAND_INS.get(mlp_cls)
+    if cls is None:
+        cls = _STAND_INS[mlp_cls] = type("MlpComputedByNorm", (MlpComputedByNorm,), {
+            "load_weights": load, "__module__": __name__,
+            "__doc__": f"MlpComputedByNorm that loads its weights as {mlp_cls.__qualname__}.load_weights does."})
+    return cls
+
+
+# ----------------------------------------------------------------------------------------------- weight updates
+
+# The engines write new weights into the same Parameters through `.data` (their weight loaders), which the op's
+# cache of prepared copies cannot see, and CUDA graphs replay the copies without asking it. So after every
+# engine path that writes weights (RLHF updates, reloads), each fused block's copy is made again in its own
+# memory. Set while an engine's update entry point runs: the load_weights calls inside it leave the refresh to it.
+_REFRESH_DEFERRED = contextvars.ContextVar("sk_fused_blocks_refresh_deferred", default=False)
+
+
+def refresh_prepared(model: torch.nn.Module, loaded: set[str] | None = None) -> int:
+    """Make each fused block's prepared gate/up copy again, in its own memory, after the engine wrote new weights
+    into `model`; `loaded`: the parameter names written (as `model.named_parameters()` names them; None: all).
+    Returns how many copies it made."""
+    made = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, FusedNormMLP):
+            continue
+        if loaded is not None:
+            layer = name.rpartition(".")[0]
+            prefix = f"{layer}." if layer else ""
+            if not {f"{name}.weight", f"{prefix}mlp.gate_up_proj.weight", f"{prefix}mlp.gate_up_proj.bias"} & loaded:
+                continue
+        made += module.prepare(refresh=True)
+    return made
+
+
+def _after_load_weights(wrapped, instance, args, kwargs):
+    loaded = wrapped(*args, **kwargs)
+    if not _REFRESH_DEFERRED.get():
+        refresh_prepared(instance, set(loaded) if isinstance(loaded, (set, frozenset, list, tuple)) else None)
+    return loaded
+
+
+def watch_load_weights(model: torch.nn.Module) -> None:
+    """Refresh `model`'s fused blocks after each call of its `load_weights` (the engines' and RLHF frameworks'
+    way of writing new weights into a loaded model), through a wrapt wrapper on this instance (once)."""
+    import wrapt
+
+    if not isinstance(model.__dict__.get("load_weights"), wrapt.ObjectProxy) and hasattr(model, "load_weights"):
+        wrapt.wrap_function_wrapper(model, "load_weights", _after_load_weights)
+
+
+def run_then_refresh(update: Callable, model_of: Callable[[object], torch.nn.Module | None], instance, args,
+                     kwargs):
+    """Run an engine's weight-update entry point `update(*args, **kwargs)` (bound to `instance`), then refresh
+    the fused blocks of `model_of(instance)` once (the load_weights calls inside it defer to this)."""
+    token = _REFRESH_DEFERRED.set(True)
+    try:
+        result = update(*args, **kwargs)
+    finally:
+        _REFRESH_DEFERRED.reset(token)
+    model = model_of(instance)
+    if model is not None:
+        refresh_prepared(model)
+    return result
 
 
 def activation_of(act_fn: torch.nn.Module) -> str | None:
@@ -182,18 +262,41 @@ def plan_projections(norm_attr: str, norm: str, norm_module: torch.nn.Module, ml
     miss = kernel_gap(norm, gate_up.weight)
     if miss:
         return miss
-    return Plan(norm_attr=norm_attr, norm=norm, activation=activation, eps=float(norm_module.variance_epsilon),
+    eps = getattr(norm_module, "variance_epsilon", None)
+    eps = norm_module.eps if eps is None else eps  # SGLang's Gemma3RMSNorm names it `eps`
+    return Plan(norm_attr=norm_attr, norm=norm, activation=activation, eps=float(eps),
                 reduce=bool(reduce_results) and getattr(down, "tp_size", 1) > 1,
                 down_bias_here=getattr(down, "tp_rank", 0) == 0)
 
 
 def fuse_layer(layer: torch.nn.Module, plan: Plan, all_reduce, layer_name: str) -> None:
     """Replace `layer`'s pre-MLP norm and MLP by the fused pair (see the module docstring)."""
-    norm_module = getattr(layer, plan.norm_attr)
-    stand_in = MlpComputedByNorm(layer.mlp)
+    norm_module, mlp = getattr(layer, plan.norm_attr), layer.mlp
+    stand_in = stand_in_class(type(mlp))(mlp)
     fused = FusedNormMLP(norm_module, stand_in, plan, all_reduce, layer_name)
+    # The engine's own modules (not children: their parameters are the stand-ins'), for `unfuse_layer`.
+    fused.__dict__["sk_engine_modules"] = (norm_module, mlp)
     layer.set_submodule(plan.norm_attr, fused)
     layer.set_submodule("mlp", stand_in)
+
+
+def unfuse_layer(layer: torch.nn.Module, norm_attr: str) -> FusedNormMLP:
+    """Give `layer` its engine's norm and MLP back (the same module objects, sharing the same parameters);
+    returns the fused block taken out."""
+    fused = getattr(layer, norm_attr)
+    norm_module, mlp = fused.sk_engine_modules
+    layer.set_submodule(norm_attr, norm_module)
+    layer.set_submodule("mlp", mlp)
+    return fused
+
+
+def repacked_miss(layer: torch.nn.Module) -> str | None:
+    """Why a fused layer's projections can no longer be read as plain weights once the engine processed them
+    after loading (SGLang on a CPU with AMX packs them: `use_intel_amx_backend`), or None."""
+    for name in ("gate_up_proj", "down_proj"):
+        if getattr(getattr(layer.mlp, name, None), "use_intel_amx_backend", False):
+            return f"the engine packed {name}'s weight for its CPU backend (AMX) after loading; the op reads plain weights"
+    return None
 
 
 def source_text(forward) -> str:
@@ -235,6 +338,15 @@ class FusedBlocks:
         self.disabled: str | None = None         # why the fused blocks are off in this process
         self.projections: dict[str, str] = {}    # projection name -> its weight's shape
         self.projections_engine_path: dict[str, str] = {}  # projection name -> reason
+        self._models: list[int] = []             # id() of each model planned, in order (`scope`)
+
+    def scope(self, model: torch.nn.Module) -> str:
+        """The prefix of `model`'s layer names in this report: none for the first model of the process, "modelK:"
+        for the K-th after it (e.g. a speculative-decoding draft model, whose layers have the target's names)."""
+        if id(model) not in self._models:
+            self._models.append(id(model))
+        k = self._models.index(id(model))
+        return f"model{k}:" if k else ""
 
     def report(self) -> dict:
         coverage = sk.coverage.report()

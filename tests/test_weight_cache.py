@@ -112,3 +112,28 @@ def test_parameter_subclasses_with_real_memory_are_cached_dispatching_tensors_ar
         weight_cache.derived("op", (fake,), "tag", lambda: calls.append(1))  # tracing: made, not recorded
         weight_cache.derived("op", (fake,), "tag", lambda: calls.append(1))
     assert len(calls) == 2 and len(sk.coverage.report()["fallbacks"]) == 1
+
+
+def test_a_remake_refills_the_entrys_own_memory():
+    # An engine's weight loader writes through .data: the version counter does not move, so the copy looks valid;
+    # remake=True makes it again into the same tensors (a CUDA graph captured reading them sees the new weights).
+    w = torch.nn.Parameter(torch.randn(8, 4))
+    norm = torch.randn(4)
+
+    def make():
+        return (w.detach().half() * 2, None, (norm * 3).float())
+    first = weight_cache.derived("op", (w, norm), "pair", make)
+    w.data.copy_(torch.randn(8, 4))
+    assert weight_cache.derived("op", (w, norm), "pair", make) is first  # unseen: the stale copy
+    again = weight_cache.derived("op", (w, norm), "pair", make, remake=True)
+    assert again is first and again[1] is None
+    assert torch.equal(first[0], w.detach().half() * 2) and torch.equal(first[2], norm * 3)
+    # Where the structure changes (here a shape), the new value replaces the entry instead.
+    w.data = torch.randn(16, 4)
+    other = weight_cache.derived("op", (w, norm), "pair", make, remake=True)
+    assert other is not first and other[0].shape == (16, 4)
+    assert weight_cache.derived("op", (w, norm), "pair", make) is other
+    # Without an entry, remake makes one as a first call does.
+    fresh = torch.nn.Parameter(torch.randn(2, 2))
+    made = weight_cache.derived("op", (fresh,), "cast", lambda: fresh.detach().half(), remake=True)
+    assert weight_cache.derived("op", (fresh,), "cast", lambda: None) is made

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from typing import Callable
 
 import torch
 
@@ -81,32 +82,80 @@ def _after_init(norm_attr: str):
     return after_init
 
 
-def prepare_model(model: torch.nn.Module) -> int:
-    """Make each fused block's prepared gate/up copy (`FusedNormMLP.prepare`) once the weights are loaded, before
-    SGLang sizes its memory pools from what is left; returns how many it made."""
-    return sum(module.prepare() for module in model.modules() if isinstance(module, fused_blocks.FusedNormMLP))
+def prepare_model(model: torch.nn.Module, blocks: FusedBlocks | None = None) -> int:
+    """Once the weights are loaded and processed: each fused layer whose projections SGLang repacked goes back to
+    SGLang's path (recorded in `blocks`, default BLOCKS); each other fused block's prepared gate/up copy is made
+    (`FusedNormMLP.prepare`), before SGLang sizes its memory pools from what is left. Returns the copies made."""
+    blocks = BLOCKS if blocks is None else blocks
+    made = 0
+    for name, layer in list(model.named_modules()):
+        norm_attr = _norm_attr_of(type(layer))
+        fused = getattr(layer, norm_attr, None) if norm_attr else None
+        if not isinstance(fused, fused_blocks.FusedNormMLP):
+            continue
+        miss = fused_blocks.repacked_miss(layer)
+        if miss:
+            fused_blocks.unfuse_layer(layer, norm_attr)
+            communicator = getattr(layer, "layer_communicator", None)
+            if communicator is not None:
+                communicator.post_attention_layernorm = getattr(layer, norm_attr)
+            blocks.fused.pop(fused.sk_layer, None)
+            fused_blocks.left_on_engine_path(blocks, fused.sk_layer, type(layer).__name__, miss, "SGLang")
+            continue
+        made += fused.prepare()
+    return made
 
 
 def after_load_model(result, runner, *args, **kwargs):
-    """AFTER hook of SGLang's ModelRunner.load_model (see `prepare_model`)."""
+    """AFTER hook of SGLang's ModelRunner.load_model (see `prepare_model`); from then on each `load_weights` call
+    on the model refreshes the copies (`fused_blocks.watch_load_weights`)."""
     model = getattr(runner, "model", None)
     if model is not None and BLOCKS.disabled is None:
         prepare_model(model)
+        if any(isinstance(m, fused_blocks.FusedNormMLP) for m in model.modules()):
+            fused_blocks.watch_load_weights(model)
     return None
+
+
+# SGLang's online weight updates (`WeightUpdater`, one per ModelRunner): after each, the fused blocks' prepared
+# copies are made again in their own memory (SGLang's CUDA graphs read them), whichever way it wrote the weights.
+WEIGHT_UPDATER = "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater"
+WEIGHT_UPDATES = ("update_weights_from_disk", "update_weights_from_distributed", "update_weights_from_tensor",
+                  "update_weights_from_ipc")
+
+
+def weight_update_hooks() -> dict[str, Callable]:
+    """AROUND hooks (HookRegistry targets) of the `WEIGHT_UPDATES` this SGLang has."""
+    import pkgutil
+
+    try:
+        updater = pkgutil.resolve_name(WEIGHT_UPDATER)
+    except (ImportError, AttributeError):
+        return {}
+    return {f"{WEIGHT_UPDATER}.{name}": around_weight_update for name in WEIGHT_UPDATES if hasattr(updater, name)}
+
+
+def around_weight_update(original, updater, *args, **kwargs):
+    """Run one of SGLang's weight updates, then refresh the fused blocks' prepared copies once."""
+    return fused_blocks.run_then_refresh(lambda *a, **k: original(updater, *a, **k),
+                                         lambda u: u.get_model(), updater, args, kwargs)
 
 
 def route_layer_projections(layer: torch.nn.Module, name: str, blocks: FusedBlocks | None = None) -> FusedBlocks:
     """Route a freshly built decoder layer's QKV and output projections through sk.ops.linear (their weights are
     allocated on the device, loaded later into the same Parameters), or record why not."""
     blocks = BLOCKS if blocks is None else blocks
-    if type(layer).__name__ in _names():
+    if _norm_attr_of(type(layer)):
         fused_blocks.route_projections(getattr(layer, "self_attn", None), f"{name}.self_attn", UNQUANTIZED, blocks,
                                        "SGLang")
     return blocks
 
 
-def _names() -> set[str]:
-    return {c for classes in DECODER_LAYERS.values() for c in classes}
+def _norm_attr_of(cls: type) -> str | None:
+    """The norm fused with the MLP in this decoder layer class (one of `DECODER_LAYERS` itself, not a subclass
+    from another module: e.g. SGLang's EAGLE-3 draft layer subclasses LlamaDecoderLayer and replaces its MLP after
+    the base __init__, where the hook fuses), or None."""
+    return DECODER_LAYERS.get(cls.__module__, {}).get(cls.__name__)
 
 
 def fuse_layer(layer: torch.nn.Module, norm_attr: str, name: str, blocks: FusedBlocks | None = None,
@@ -114,8 +163,8 @@ def fuse_layer(layer: torch.nn.Module, norm_attr: str, name: str, blocks: FusedB
     """Fuse one freshly built decoder layer, or record why it keeps SGLang's path (in `blocks`, default BLOCKS)."""
     blocks = BLOCKS if blocks is None else blocks
     cls = type(layer)
-    if cls.__name__ not in _names():
-        return blocks  # a subclass with another name (another model's layer): left alone
+    if _norm_attr_of(cls) is None:
+        return blocks  # a subclass (another model's layer, built through the base's __init__): left alone
     plan = plan_layer(layer, norm_attr)
     if isinstance(plan, str):
         fused_blocks.left_on_engine_path(blocks, name, cls.__name__, plan, "SGLang")
@@ -179,9 +228,26 @@ def _mlp_miss(cls: type) -> str | None:
     return None
 
 
+def engine_mode_miss() -> str | None:
+    """Why this SGLang server's settings rule out the fused blocks (LoRA, deterministic inference), or None (also
+    where no server's settings are published: a layer built outside an engine)."""
+    try:
+        from sglang.srt.server_args import get_global_server_args
+
+        args = get_global_server_args()
+    except (ImportError, ValueError):  # ValueError: "Global server args is not set yet!"
+        args = None
+    if args is not None and (getattr(args, "enable_lora", False) or getattr(args, "lora_paths", None)):
+        return "LoRA is enabled (SGLang wraps gate_up_proj/down_proj after loading)"
+    if args is not None and getattr(args, "enable_deterministic_inference", False):
+        return ("deterministic inference (SGLang's batch-invariant mode: the op's fused and composed routes round "
+                "differently, so a row's result would depend on its batch)")
+    return None
+
+
 def plan_layer(layer: torch.nn.Module, norm_attr: str) -> Plan | str:
     """How to fuse this SGLang decoder layer, or why it keeps SGLang's path."""
-    miss = layout_miss(type(layer), norm_attr) or _communicator_miss(layer, norm_attr)
+    miss = engine_mode_miss() or layout_miss(type(layer), norm_attr) or _communicator_miss(layer, norm_attr)
     if miss:
         return miss
     norm_module, mlp = getattr(layer, norm_attr, None), getattr(layer, "mlp", None)
@@ -189,7 +255,7 @@ def plan_layer(layer: torch.nn.Module, norm_attr: str) -> Plan | str:
     if miss:
         return miss
     norm_names = [c.__name__ for c in type(norm_module).__mro__]
-    if "GemmaRMSNorm" in norm_names:
+    if "GemmaRMSNorm" in norm_names or "Gemma3RMSNorm" in norm_names:  # Gemma3's: x·rstd·(1 + w), one rounding
         norm = "gemma_rms"
     elif "RMSNorm" in norm_names:
         norm = "rms"
@@ -204,7 +270,7 @@ def plan_layer(layer: torch.nn.Module, norm_attr: str) -> Plan | str:
         if not getattr(norm_module, "has_weight", True):
             return f"{norm_attr} has no weight (has_weight=False)"
     else:
-        return f"{norm_attr} is {type(norm_module).__qualname__}, not RMSNorm/GemmaRMSNorm"
+        return f"{norm_attr} is {type(norm_module).__qualname__}, not RMSNorm/GemmaRMSNorm/Gemma3RMSNorm"
     # vLLM's RowParallelLinear always has reduce_results; SGLang's may not (then it reduces).
     return fused_blocks.plan_projections(norm_attr, norm, norm_module, mlp, UNQUANTIZED,
                                          getattr(mlp.down_proj, "reduce_results", True))

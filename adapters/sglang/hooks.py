@@ -145,8 +145,9 @@ def install_hooks(report_to_caller: Callable[[dict], None]) -> dict[str, str]:
     hooks.append((SCHEDULER_STATE, report_in_internal_state, HookType.AFTER))
     fused = fused_blocks.hooks()  # decoder layers' __init__: norm + MLP -> fused_gated_mlp (none when off)
     hooks += [(target, hook, HookType.AFTER) for target, (hook, _) in fused.items()]
-    if fused and fused_blocks.BLOCKS.disabled is None:  # their weight copies, once loaded
+    if fused and fused_blocks.BLOCKS.disabled is None:  # their weight copies, once loaded and after each update
         hooks.append((LOAD_MODEL, fused_blocks.after_load_model, HookType.AFTER))
+        hooks += [(target, hook, HookType.AROUND) for target, hook in fused_blocks.weight_update_hooks().items()]
     originals = {target: pkgutil.resolve_name(target) for target, _, _ in hooks}
     for target, hook, kind in hooks:
         HookRegistry.register(target, hook, kind)

@@ -31,6 +31,7 @@ logger = logging.getLogger("vllm.standardkernels")
 BLOCKS = FusedBlocks()
 UNQUANTIZED = ("UnquantizedLinearMethod",)
 BASE_LOADER = "vllm.model_executor.model_loader.base_loader"
+BATCH_INVARIANT = "VLLM_BATCH_INVARIANT=1 (vLLM's batch-invariant GEMMs)"
 # The engine config of the model being loaded in this process (set by the load_model wrapper).
 _loading: list = []
 
@@ -84,21 +85,29 @@ def _decoder_layers(model: torch.nn.Module):
             yield name, layer, norm_attr
 
 
-def plan_model(model: torch.nn.Module, vllm_config=None, cpu: bool | None = None) -> dict[str, Plan | str]:
+def plan_model(model: torch.nn.Module, vllm_config=None, cpu: bool | None = None,
+               batch_invariant: bool | None = None) -> dict[str, Plan | str]:
     """Before vLLM post-processes the loaded weights: each supported layer's plan, or why it keeps vLLM's path.
 
     On CPU (`cpu`: by default vLLM's platform), the planned layers' projections keep their plain weights (vLLM's
-    `_cpu_skip_gemm_dispatch`)."""
+    `_cpu_skip_gemm_dispatch`). In vLLM's batch-invariant mode (`batch_invariant`: by default VLLM_BATCH_INVARIANT)
+    no layer is fused: the op's fused and composed routes round differently, so a row's result would depend on
+    how many rows share its batch."""
     if cpu is None:
         from vllm.platforms import current_platform
 
         cpu = current_platform.is_cpu()
+    if batch_invariant is None:
+        import vllm.envs
+
+        batch_invariant = bool(vllm.envs.VLLM_BATCH_INVARIANT)
 
     lora = vllm_config is not None and getattr(vllm_config, "lora_config", None) is not None
+    refuse = ("LoRA is enabled (vLLM wraps the linears after loading)" if lora else
+              BATCH_INVARIANT if batch_invariant else None)
     plans: dict[str, Plan | str] = {}
     for name, layer, norm_attr in _decoder_layers(model):
-        plans[name] = ("LoRA is enabled (vLLM wraps the linears after loading)" if lora
-                       else plan_layer(layer, norm_attr))
+        plans[name] = refuse or plan_layer(layer, norm_attr)
         if isinstance(plans[name], Plan) and cpu:
             for proj in (layer.mlp.gate_up_proj, layer.mlp.down_proj):
                 proj._cpu_skip_gemm_dispatch = True
@@ -114,24 +123,86 @@ def fuse_model(model: torch.nn.Module, plans: dict[str, Plan | str] | None = Non
     if all_reduce is None:
         from vllm.distributed import tensor_model_parallel_all_reduce as all_reduce
 
+    scope = blocks.scope(model)
     for name, layer, norm_attr in _decoder_layers(model):
         cls = type(layer)
+        if isinstance(getattr(layer, "mlp", None), fused_blocks.MlpComputedByNorm):
+            continue  # fused when the model was loaded (vLLM post-processing it again)
         plan = plans.get(name) if plans is not None else None
         if plan is None or isinstance(plan, Plan):
             plan = plan_layer(layer, norm_attr)  # again after post-processing: the weights must still be there
         if isinstance(plan, str):
-            fused_blocks.left_on_engine_path(blocks, name, cls.__name__, plan, "vLLM")
+            fused_blocks.left_on_engine_path(blocks, scope + name, cls.__name__, plan, "vLLM")
             continue
-        fused_blocks.fuse_layer(layer, plan, all_reduce, name)
+        fused_blocks.fuse_layer(layer, plan, all_reduce, scope + name)
+        record_for_reloading(getattr(layer, plan.norm_attr))
         # The folded gate/up copy now, while vLLM loads the model: its profile run (above the fused kernels'
         # rows) would not make it, and vLLM sizes the KV cache from the memory that run leaves.
         getattr(layer, plan.norm_attr).prepare()
-        blocks.fused[name] = f"{cls.__name__}: {plan.norm_attr} + mlp, norm={plan.norm}, activation={plan.activation}"
+        blocks.fused[scope + name] = (f"{cls.__name__}: {plan.norm_attr} + mlp, norm={plan.norm}, "
+                                      f"activation={plan.activation}")
+    if any(isinstance(m, fused_blocks.FusedNormMLP) for m in model.modules()):
+        fused_blocks.watch_load_weights(model)
+        watch_weight_updates()
     if blocks.fused or blocks.engine_path:
         logger.info("standardkernels fused blocks: %d decoder layers fused, %d on vLLM's path%s",
                     len(blocks.fused), len(blocks.engine_path),
                     "".join(f"; {k}: {v}" for k, v in list(blocks.engine_path.items())[:3]))
     return blocks
+
+
+def record_for_reloading(fused: fused_blocks.FusedNormMLP) -> None:
+    """vLLM's in-place reload (`reload_weights`) rebuilds each module's parameters from metadata recorded when
+    the model was built (`record_metadata_for_reloading`); the fused block is made after that, so its own (its
+    norm's weight, as the norm recorded it) is recorded here, with the norm's device. Without it the reload finds
+    no `<norm>.weight` to load into."""
+    try:
+        from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+        from vllm.model_executor.model_loader.reload.meta import capture_layer_to_meta
+    except ImportError:  # a vLLM without in-place reloading
+        return
+    norm_module, _ = fused.sk_engine_modules
+    info = get_layerwise_info(fused)
+    info.restore_metadata = capture_layer_to_meta(fused)
+    info.restore_device = get_layerwise_info(norm_module).restore_device
+
+
+# vLLM's entry points that write new weights into a loaded model other than through one model.load_weights call
+# (its in-place reload: layerwise or kernel-format copies; the weight-transfer engines' update sessions), each
+# followed by one refresh of the fused blocks' prepared copies: (module, method, the model from its instance).
+WEIGHT_UPDATES = (
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.reload_weights", lambda runner: runner.get_model()),
+    ("vllm.v1.worker.gpu_worker", "Worker.finish_weight_update", lambda worker: worker.model_runner.get_model()),
+)
+
+
+def watch_weight_updates() -> list[str]:
+    """Wrap vLLM's weight-update entry points of `WEIGHT_UPDATES` that this vLLM has (once per process, wrapt) so
+    that the fused blocks' prepared copies follow the new weights; returns the wrapped ones."""
+    import importlib
+
+    import wrapt
+
+    wrapped = []
+    for module_name, method, model_of in WEIGHT_UPDATES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        cls_name, _, name = method.partition(".")
+        cls = getattr(module, cls_name, None)
+        if cls is None or not hasattr(cls, name):
+            continue
+        if not isinstance(cls.__dict__.get(name), wrapt.FunctionWrapper):
+            wrapt.wrap_function_wrapper(module, method, _refreshing(model_of))
+        wrapped.append(f"{module_name}.{method}")
+    return wrapped
+
+
+def _refreshing(model_of):
+    def wrapper(wrapped, instance, args, kwargs):
+        return fused_blocks.run_then_refresh(wrapped, model_of, instance, args, kwargs)
+    return wrapper
 
 
 def plan_projections(model: torch.nn.Module, cpu: bool | None = None) -> None:
@@ -161,10 +232,11 @@ def route_model_projections(model: torch.nn.Module, vllm_config=None, blocks: Fu
         batch_invariant = bool(vllm.envs.VLLM_BATCH_INVARIANT)
     lora = vllm_config is not None and getattr(vllm_config, "lora_config", None) is not None
     refuse = ("LoRA is enabled (vLLM wraps the linears after loading)" if lora else
-              "VLLM_BATCH_INVARIANT=1 (vLLM's batch-invariant GEMMs)" if batch_invariant else None)
+              BATCH_INVARIANT if batch_invariant else None)
+    scope = blocks.scope(model)
     for name, layer, _ in _decoder_layers(model):
-        fused_blocks.route_projections(getattr(layer, "self_attn", None), f"{name}.self_attn", UNQUANTIZED, blocks,
-                                       "vLLM", refuse)
+        fused_blocks.route_projections(getattr(layer, "self_attn", None), f"{scope}{name}.self_attn", UNQUANTIZED,
+                                       blocks, "vLLM", refuse)
     if blocks.projections or blocks.projections_engine_path:
         logger.info("standardkernels: %d attention projections through sk.ops.linear, %d on vLLM's GEMM",
                     len(blocks.projections), len(blocks.projections_engine_path))

@@ -20,6 +20,9 @@ BF16 copy is half its FP32 master), held until a source is freed.
   `op` ("call once before capturing") and raises under `strict()`.
 - **Captures of training steps** (`sk_core/ops/_step_graphs.py`) run `make()` inside the graph on purpose
   (`within_step_graph()`): the masters change between replays and each replay must cast what it reads.
+- **Writes the version counter does not see** (through `.data`, as the engines' weight loaders write; or an
+  update while a captured graph replays the copy): `derived(..., remake=True)` makes the value again and copies
+  it into the entry's own tensors, so that a graph captured reading them computes with the new weights too.
 - **Counted**: each copy made is counted under `op` in `sk.coverage.report()["weights_prepared"]` (engine reports
   carry it), so that copies made per call show up as a count that grows with the calls.
 - **Traced tensors** (torch.compile's fake tensors, functional and other `__torch_dispatch__` subclasses):
@@ -57,8 +60,11 @@ UNCACHED = ("weights of class {cls} (a __torch_dispatch__ subclass) are prepared
             "plain tensors or Parameters")
 
 
-def derived(op: str, sources: Sequence[torch.Tensor | None], tag: Hashable, make: Callable[[], T]) -> T:
-    """`make()`'s value for `sources` (None entries allowed) and `tag`, cached as the module docstring says."""
+def derived(op: str, sources: Sequence[torch.Tensor | None], tag: Hashable, make: Callable[[], T], *,
+            remake: bool = False) -> T:
+    """`make()`'s value for `sources` (None entries allowed) and `tag`, cached as the module docstring says.
+    `remake`: make it even where the entry looks valid, into the entry's own memory where there is one (not
+    inside a CUDA-graph capture)."""
     present = [t for t in sources if t is not None]
     if not all(map(cacheable, present)):
         if not _tracing():
@@ -71,6 +77,13 @@ def derived(op: str, sources: Sequence[torch.Tensor | None], tag: Hashable, make
     # An entry's sources are alive (each one's finalizer drops it), so equal ids are the same objects.
     hit = entry is not None and _unchanged(present, entry[0])
     capturing = present[0].is_cuda and torch.cuda.is_current_stream_capturing()
+    if remake and entry is not None and not capturing:
+        value = make()
+        coverage.count_weights_prepared(op)
+        if _copy_into(entry[1], value):
+            value = entry[1]
+        _entries[key] = (tuple(map(_state, present)), value)
+        return value
     if not capturing:
         if hit:
             return entry[1]
@@ -163,6 +176,30 @@ def _unchanged(present: list, states: tuple) -> bool:
     for t, (ptr, version) in zip(present, states):
         if t.data_ptr() != ptr or (version is not None and t._version != version):
             return False
+    return True
+
+
+def _copy_into(old, new) -> bool:
+    """Copy `new` into `old` (a tensor, or tuples of tensors and Nones) where both have the same structure,
+    shapes and dtypes; False (nothing copied) where they do not."""
+    def same(a, b) -> bool:
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+        if isinstance(a, tuple) and isinstance(b, tuple):
+            return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+        return a is None and b is None
+
+    def copy(a, b) -> None:
+        if isinstance(a, torch.Tensor):
+            with torch.no_grad():
+                a.copy_(b)
+        elif isinstance(a, tuple):
+            for x, y in zip(a, b):
+                copy(x, y)
+
+    if not same(old, new):
+        return False
+    copy(old, new)
     return True
 
 

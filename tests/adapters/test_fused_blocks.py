@@ -71,6 +71,15 @@ class Model(torch.nn.Module):
         super().__init__()
         self.layers = torch.nn.ModuleList(layers)
 
+    def load_weights(self, weights):
+        """vLLM's models' way: each weight written into its Parameter through `.data` (as vLLM's weight loaders
+        write: no version counter moves), the names loaded returned."""
+        params, loaded = dict(self.named_parameters()), set()
+        for name, tensor in weights:
+            params[name].data.copy_(tensor)
+            loaded.add(name)
+        return loaded
+
 
 def _shards(full_gate_up, full_down, tp):
     """vLLM's per-rank weights: gate rows then up rows of this rank's d_ff/tp; down's matching columns."""
@@ -325,3 +334,83 @@ def test_dynamo_traces_the_fused_layer_whole():
     eager = layer(x, residual)
     compiled = torch.compile(layer, fullgraph=True, backend="eager")(x, residual)
     torch.testing.assert_close(compiled, eager)
+
+
+def _new_weights(stock, names=None, seed=1):
+    """Fresh values for `stock`'s parameters (those in `names`, default all), written into it through .data."""
+    torch.manual_seed(seed)
+    new = {n: torch.randn_like(p) * p.detach().std() + p.detach().mean()
+           for n, p in stock.named_parameters() if names is None or n in names}
+    for n, p in stock.named_parameters():
+        if n in new:
+            p.data.copy_(new[n])
+    return new
+
+
+def test_weights_the_engine_writes_after_loading_are_the_ones_the_block_computes_with():
+    # The engine's loaders write through .data, which the op's cache of prepared copies cannot see (and CUDA
+    # graphs replay those copies without asking it): each load_weights call refreshes the copies it touched.
+    layer, stock = _layer(), _layer()
+    model = Model([layer])
+    _fuse(model)
+    x, residual = torch.randn(3, D), torch.randn(3, D)
+    torch.testing.assert_close(layer(x, residual), stock(x, residual))
+    copies = sk.coverage.report()["weights_prepared"].get("fused_gated_mlp/rms", 0)
+    refreshed = 1 if INTERPRETED else 0  # a copy exists only where the kernels run (fp32 on CPU: interpreted)
+    new = _new_weights(stock, {"mlp.down_proj.weight"})  # not in the prepared copy: nothing to make again
+    assert model.load_weights([(f"layers.0.{n}", w) for n, w in new.items()]) == {"layers.0.mlp.down_proj.weight"}
+    assert sk.coverage.report()["weights_prepared"].get("fused_gated_mlp/rms", 0) == copies
+    for names in ({"post_attention_layernorm.weight"}, {"mlp.gate_up_proj.weight"}, None):
+        new = _new_weights(stock, names)
+        model.load_weights([(f"layers.0.{n}", w) for n, w in new.items()])
+        copies += refreshed
+        assert sk.coverage.report()["weights_prepared"].get("fused_gated_mlp/rms", 0) == copies
+        torch.testing.assert_close(layer(x, residual), stock(x, residual))
+
+
+def test_an_engine_update_refreshes_once_after_its_load_weights_calls():
+    layer, stock = _layer("gemma"), _layer("gemma")
+    model = Model([layer])
+    _fuse(model)
+    before = sk.coverage.report()["weights_prepared"].get("fused_gated_mlp/gemma_rms", 0)
+    calls = []
+
+    def update(new):  # an update entry point (vLLM's reload_weights, SGLang's update_weights_from_*)
+        for name, w in new.items():
+            calls.append(model.load_weights([(f"layers.0.{name}", w)]))
+        return "done"
+    runner = type("Runner", (), {"get_model": lambda self: model})()
+    result = fused_blocks.run_then_refresh(update, lambda r: r.get_model(), runner, (_new_weights(stock),), {})
+    assert result == "done" and len(calls) == 3
+    after = sk.coverage.report()["weights_prepared"].get("fused_gated_mlp/gemma_rms", 0)
+    assert after == before + (1 if INTERPRETED else 0)  # one refresh for the layer, not one per call
+    x, residual = torch.randn(3, D), torch.randn(3, D)
+    torch.testing.assert_close(layer(x, residual), stock(x, residual))
+
+
+def test_vllms_weight_update_entry_points_are_wrapped():
+    pytest.importorskip("vllm.v1.worker.gpu_model_runner")
+    wrapped = vllm_blocks.watch_weight_updates()
+    assert wrapped == ["vllm.v1.worker.gpu_model_runner.GPUModelRunner.reload_weights",
+                       "vllm.v1.worker.gpu_worker.Worker.finish_weight_update"]
+    assert vllm_blocks.watch_weight_updates() == wrapped  # once: a second call wraps nothing again
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    assert not hasattr(GPUModelRunner.reload_weights.__wrapped__, "__wrapped__")
+
+
+def test_batch_invariant_mode_keeps_every_layer_on_vllms_path():
+    model = Model([_layer(), _layer("gemma")])
+    plans = vllm_blocks.plan_model(model, cpu=False, batch_invariant=True)
+    assert set(plans.values()) == {vllm_blocks.BATCH_INVARIANT}
+    blocks = vllm_blocks.fuse_model(model, plans, fused_blocks.FusedBlocks(), all_reduce=lambda t: t)
+    assert blocks.fused == {} and set(blocks.engine_path) == {"layers.0", "layers.1"}
+
+
+def test_a_second_model_in_the_process_is_reported_under_its_own_name():
+    # E.g. a speculative-decoding draft model: its layers have the target model's names.
+    blocks = fused_blocks.FusedBlocks()
+    for model in (Model([_layer()]), Model([_layer(), _layer()])):
+        vllm_blocks.fuse_model(model, vllm_blocks.plan_model(model, cpu=False), blocks, all_reduce=lambda t: t)
+    assert list(blocks.fused) == ["layers.0", "model1:layers.0", "model1:layers.1"]
+    assert blocks.report()["layers_fused"] == 3

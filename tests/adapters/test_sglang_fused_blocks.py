@@ -98,6 +98,20 @@ class LlamaMLP(torch.nn.Module):
         x, _ = self.down_proj(x)
         return x
 
+    def load_weights(self, weights):
+        """SGLang's (weight loader v2): gate_proj and up_proj merged into gate_up_proj, the rest by name."""
+        params, loaded = dict(self.named_parameters()), set()
+        for name, tensor in weights:
+            if name in ("gate_proj.weight", "up_proj.weight"):
+                half = self.gate_up_proj.weight.shape[0] // 2
+                start = 0 if name.startswith("gate") else half
+                self.gate_up_proj.weight.data[start:start + half].copy_(tensor)
+                loaded.add("gate_up_proj.weight")
+            else:
+                params[name].data.copy_(tensor)
+                loaded.add(name)
+        return loaded
+
 
 class LlamaDecoderLayer(torch.nn.Module):
     __module__ = LLAMA
@@ -440,10 +454,109 @@ def test_a_forward_of_another_layout_keeps_sglangs_path(sglang):
             hidden_states = self.mlp(hidden_states)
             hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
             return hidden_states, residual
-    Reordered.__name__ = "LlamaDecoderLayer"
+    Reordered.__name__, Reordered.__module__ = "LlamaDecoderLayer", LLAMA  # as another SGLang's class would be
     blocks = sglang.module.fuse_layer(Reordered(), "post_attention_layernorm", "model.layers.7",
                                       blocks=fused_blocks.FusedBlocks())
     assert blocks.engine_path == {"model.layers.7": (
         "LlamaDecoderLayer: LlamaDecoderLayer.forward does not call post_attention_layernorm(hidden_states, "
         "residual) (or layer_communicator.prepare_mlp) then mlp(hidden_states) (the layouts the fused block was "
         "written for)")}
+
+
+def test_a_subclass_from_another_model_is_left_alone(sglang):
+    # SGLang's EAGLE-3 draft layer subclasses LlamaDecoderLayer (same name, its own module) and replaces its MLP
+    # after the base __init__, where the hook runs: fusing there would run an MLP twice. Only the listed classes
+    # themselves are fused.
+    class DraftLayer(LlamaDecoderLayer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.mlp = LlamaMLP(D, FF)
+    DraftLayer.__name__, DraftLayer.__module__ = "LlamaDecoderLayer", "sglang.srt.models.llama_eagle3"
+    sglang.apply()
+    draft = DraftLayer(layer_id=0, prefix="model.layers.0")
+    assert not isinstance(draft.post_attention_layernorm, fused_blocks.FusedNormMLP)
+    assert sglang.blocks().fused == {} and sglang.blocks().engine_path == {}
+
+
+def test_the_mlp_stand_in_loads_weights_as_sglangs_mlp_does(sglang):
+    # SGLang's weight loader v2 asks each module with a load_weights to load its own (LlamaMLP merges gate_proj
+    # and up_proj): the stand-in keeps that method, on the same parameters.
+    sglang.apply()
+    layer = LlamaDecoderLayer(layer_id=3, prefix="model.layers.3")
+    assert isinstance(layer.mlp, fused_blocks.MlpComputedByNorm)
+    gate, up = torch.randn(FF, D), torch.randn(FF, D)
+    assert layer.mlp.load_weights([("gate_proj.weight", gate), ("up_proj.weight", up)]) == {"gate_up_proj.weight"}
+    assert torch.equal(layer.mlp.gate_up_proj.weight, torch.cat([gate, up]))
+    plain = type("PlainMLP", (torch.nn.Module,), {})  # an MLP without one gets a stand-in without one
+    assert not hasattr(fused_blocks.stand_in_class(plain), "load_weights")
+
+
+def test_projections_repacked_at_load_go_back_to_sglangs_path(sglang):
+    # SGLang on a CPU with AMX packs the linears' weights after loading; the op reads plain weights, so such a
+    # layer gets its own norm and MLP back, recorded (an error under strict mode).
+    stock = LlamaDecoderLayer(layer_id=3)
+    sglang.apply()
+    packed = LlamaDecoderLayer(layer_id=3, prefix="model.layers.3")
+    plain = Qwen3DecoderLayer(layer_id=0, prefix="model.layers.0")
+    packed.mlp.gate_up_proj.use_intel_amx_backend = True
+    blocks = sglang.blocks()
+    sglang.module.prepare_model(torch.nn.ModuleList([packed, plain]), blocks)
+    assert not isinstance(packed.mlp, fused_blocks.MlpComputedByNorm) and type(packed.mlp).__name__ == "LlamaMLP"
+    assert type(packed.post_attention_layernorm) is RMSNorm
+    assert list(blocks.fused) == ["model.layers.0"]
+    assert blocks.engine_path == {"model.layers.3": (
+        "LlamaDecoderLayer: the engine packed gate_up_proj's weight for its CPU backend (AMX) after loading; the op "
+        "reads plain weights")}
+    assert [n for n, _ in packed.named_parameters()] == [n for n, _ in stock.named_parameters()]
+    x, residual = torch.randn(5, D), torch.randn(5, D)
+    torch.testing.assert_close(packed(None, x, None, residual), stock(None, x, None, residual))
+    again = LlamaDecoderLayer(layer_id=3, prefix="model.layers.5")
+    again.mlp.down_proj.use_intel_amx_backend = True
+    with sk.coverage.strict(), pytest.raises(fused_blocks.UncoveredLayerError, match=r"model\.layers\.5 .*AMX"):
+        sglang.module.prepare_model(again, blocks)
+
+
+def test_lora_and_deterministic_inference_keep_sglangs_path(sglang, monkeypatch):
+    server_args = types.ModuleType("sglang.srt.server_args")
+    monkeypatch.setitem(sys.modules, server_args.__name__, server_args)
+    sglang.apply()
+    for args, reason in ((dict(enable_lora=True), "LoRA is enabled"),
+                         (dict(lora_paths=["adapter"]), "LoRA is enabled"),
+                         (dict(enable_deterministic_inference=True), "deterministic inference")):
+        server_args.get_global_server_args = lambda args=args: types.SimpleNamespace(**args)
+        layer = LlamaDecoderLayer(layer_id=1, prefix=f"model.layers.{reason}")
+        assert not isinstance(layer.mlp, fused_blocks.MlpComputedByNorm)
+        assert reason in sglang.blocks().engine_path[f"model.layers.{reason}"]
+
+    def not_set():
+        raise ValueError("Global server args is not set yet!")
+    server_args.get_global_server_args = not_set  # a layer built outside a server: planned as usual
+    assert isinstance(LlamaDecoderLayer(layer_id=1, prefix="model.layers.9").mlp, fused_blocks.MlpComputedByNorm)
+
+
+def test_sglangs_weight_updates_refresh_the_copies_once(sglang):
+    stock = LlamaDecoderLayer(layer_id=3)
+    sglang.apply()
+    layer = LlamaDecoderLayer(layer_id=3, prefix="model.layers.3")
+    model = torch.nn.ModuleList([layer])
+    sglang.module.after_load_model(None, types.SimpleNamespace(model=model))
+    before = sk.coverage.report()["weights_prepared"].get("fused_gated_mlp/rms", 0)
+    torch.manual_seed(7)
+    new = {n: torch.randn_like(p) * p.detach().std() + p.detach().mean() for n, p in stock.named_parameters()}
+    for n, p in stock.named_parameters():
+        p.data.copy_(new[n])
+
+    def update_weights_from_tensor(updater, named_tensors):  # SGLang's writes: through .data, name by name
+        params = dict(updater.get_model().named_parameters())
+        for name, tensor in named_tensors:
+            params[name].data.copy_(tensor)
+        return True, "Succeeded"
+    updater = types.SimpleNamespace(get_model=lambda: model)
+    assert sglang.module.around_weight_update(update_weights_from_tensor, updater,
+                                              [(f"0.{n}", w) for n, w in new.items()]) == (True, "Succeeded")
+    made = sk.coverage.report()["weights_prepared"].get("fused_gated_mlp/rms", 0) - before
+    assert made == (1 if sk.settings.get("triton_interpret") else 0)
+    x, residual = torch.randn(5, D), torch.randn(5, D)
+    torch.testing.assert_close(layer(None, x, None, residual), stock(None, x, None, residual))
+    # The model's own load_weights refreshes too (a direct call, outside SGLang's update entry points).
+    assert sglang.module.weight_update_hooks() == {}  # (no SGLang here: the real targets are checked in its venv)

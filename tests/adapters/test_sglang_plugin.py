@@ -37,7 +37,8 @@ SCENARIOS = {  # name -> (driver activates the adapter, extra environment)
 }
 ACTIVE_CHECKS = ("plugin_loaded_through_entry_points", "forwards_are_hooked", "outputs_match_sglang_native",
                  "cuda_path_works_in_place", "unsupported_config_runs_sglang", "compiles_whole_graph",
-                 "report_reaches_scheduler_state", "qwen3_layer_communicator_takes_the_fused_block")
+                 "report_reaches_scheduler_state", "qwen3_layer_communicator_takes_the_fused_block",
+                 "weight_updates_refresh_the_fused_blocks", "gemma3_layer_takes_the_fused_block")
 REFUSED_CHECKS = ("unknown_version_left_stock_by_load_plugins", "unknown_layout_refused", "strict_refusal_exits")
 RUN_TIMEOUT_S = 900
 
@@ -254,15 +255,65 @@ def report_reaches_scheduler_state():
     assert json.loads(written.read_text())["replaced"] == state[adapter.REPORT_KEY]["replaced"]
 
 
-def qwen3_layer_communicator_takes_the_fused_block():
-    # SGLang's real LayerCommunicator at one attention rank calls the stand-in the swap gives it, and passes the
-    # pair on: the MLP half of a Qwen3 layer (communicator, norm, Qwen2MLP as SGLang builds them) returns what it
-    # returned stock. The layer's attention is not built (SGLang's CPU rotary needs vLLM's kernels).
+def _one_rank() -> None:
+    """SGLang's process groups for one rank (gloo), once per child: its parallel linears need them."""
     import socket
 
     import torch
     import sglang.srt.layers.dp_attention as dp_attention
     from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
+
+    if torch.distributed.is_initialized():
+        return
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                 distributed_init_method=f"tcp://127.0.0.1:{port}")
+    initialize_model_parallel(1, 1)
+    dp_attention._ATTN_DP_SIZE, dp_attention._ATTN_DP_RANK = 1, 0  # what initialize_dp_attention sets without DP
+
+
+def gemma3_layer_takes_the_fused_block():
+    # SGLang's Gemma-3 layer norms with its own Gemma3RMSNorm (x·rstd·(1 + w), the weight named `eps` beside it),
+    # before Gemma3MLP (tanh GELU): the MLP half, pre-feed-forward norm to MLP output, returns what it did stock.
+    import torch
+    from sglang.srt.layers.layernorm import Gemma3RMSNorm
+    from sglang.srt.models.gemma3_causal import Gemma3DecoderLayer, Gemma3MLP
+
+    from sk.adapters.fused_blocks import FusedBlocks
+    from sk.adapters.sglang import fused_blocks
+
+    _one_rank()
+    layer = Gemma3DecoderLayer.__new__(Gemma3DecoderLayer)
+    torch.nn.Module.__init__(layer)
+    layer.pre_feedforward_layernorm = Gemma3RMSNorm(64, eps=1e-6)
+    layer.mlp = Gemma3MLP(64, 96, "gelu_pytorch_tanh")
+    with torch.no_grad():
+        layer.pre_feedforward_layernorm.weight.copy_(0.1 * _inputs(64))
+        layer.mlp.gate_up_proj.weight.copy_(_inputs(192, 64) / 8)
+        layer.mlp.down_proj.weight.copy_(_inputs(64, 96) / 10)
+    x, residual = _inputs(5, 64), _inputs(5, 64)
+
+    def mlp_half():  # Gemma3DecoderLayer.forward after the attention
+        hidden, res = layer.pre_feedforward_layernorm(x.clone(), residual.clone())
+        return layer.mlp(hidden), res
+
+    want = mlp_half()
+    blocks = fused_blocks.fuse_layer(layer, "pre_feedforward_layernorm", "model.layers.0", blocks=FusedBlocks(),
+                                     all_reduce=lambda t: t)
+    assert blocks.fused == {"model.layers.0": "Gemma3DecoderLayer: pre_feedforward_layernorm + mlp, "
+                                              "norm=gemma_rms, activation=gelu_tanh"}, blocks.report()
+    assert layer.pre_feedforward_layernorm.variance_epsilon == 1e-6
+    for g, w in zip(mlp_half(), want):
+        torch.testing.assert_close(g, w)
+
+
+def qwen3_layer_communicator_takes_the_fused_block():
+    # SGLang's real LayerCommunicator at one attention rank calls the stand-in the swap gives it, and passes the
+    # pair on: the MLP half of a Qwen3 layer (communicator, norm, Qwen2MLP as SGLang builds them) returns what it
+    # returned stock. The layer's attention is not built (SGLang's CPU rotary needs vLLM's kernels).
+    import torch
     from sglang.srt.layers.communicator import LayerCommunicator, LayerScatterModes
     from sglang.srt.layers.layernorm import RMSNorm
     from sglang.srt.models.qwen2 import Qwen2MLP
@@ -271,13 +322,7 @@ def qwen3_layer_communicator_takes_the_fused_block():
     from sk.adapters.fused_blocks import FusedBlocks
     from sk.adapters.sglang import fused_blocks
 
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                 distributed_init_method=f"tcp://127.0.0.1:{port}")
-    initialize_model_parallel(1, 1)
-    dp_attention._ATTN_DP_SIZE, dp_attention._ATTN_DP_RANK = 1, 0  # what initialize_dp_attention sets without DP
+    _one_rank()
     layer = Qwen3DecoderLayer.__new__(Qwen3DecoderLayer)
     torch.nn.Module.__init__(layer)
     layer.input_layernorm, layer.post_attention_layernorm = RMSNorm(64, eps=1e-6), RMSNorm(64, eps=1e-6)
@@ -305,6 +350,24 @@ def qwen3_layer_communicator_takes_the_fused_block():
     got = mlp_half()
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+    # SGLang's weight loader v2 asks the MLP to load its own weights (gate_proj and up_proj merged): the
+    # stand-in keeps Qwen2MLP's load_weights, on the same parameters.
+    gate, up = _inputs(96, 64) / 8, _inputs(96, 64) / 8
+    assert layer.mlp.load_weights([("gate_proj.weight", gate), ("up_proj.weight", up)]) == {"gate_up_proj.weight"}
+    torch.testing.assert_close(layer.mlp.gate_up_proj.weight, torch.cat([gate, up]))
+
+
+def weight_updates_refresh_the_fused_blocks():
+    # SGLang's online weight updates run inside our AROUND hooks, which make the fused blocks' prepared copies
+    # again afterwards (the loaders write through .data, and SGLang's CUDA graphs read the copies).
+    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+
+    from sk.adapters.sglang import fused_blocks
+
+    assert set(fused_blocks.weight_update_hooks()) == {f"{fused_blocks.WEIGHT_UPDATER}.{name}"
+                                                       for name in fused_blocks.WEIGHT_UPDATES}
+    for name in fused_blocks.WEIGHT_UPDATES:
+        assert hasattr(getattr(WeightUpdater, name), "__wrapped__"), f"WeightUpdater.{name} is not hooked"
 
 
 def _assert_layers_stock():
@@ -410,6 +473,8 @@ def child_main(name: str, results) -> None:
 
 
 if __name__ == "__main__":
+    from queue import Empty
+
     parser = argparse.ArgumentParser(description="One SGLang adapter scenario: a spawned child's verdicts as JSON.")
     parser.add_argument("scenario", choices=list(SCENARIOS))
     cli = parser.parse_args()
@@ -419,6 +484,17 @@ if __name__ == "__main__":
     queue = context.Queue()
     child = context.Process(target=child_main, args=(cli.scenario, queue))
     child.start()
-    result = queue.get(timeout=RUN_TIMEOUT_S)
+    # A child that dies before sending its verdicts ends the run now, with its exit code, not after the timeout.
+    result, waited = None, 0
+    while result is None and waited < RUN_TIMEOUT_S:
+        try:
+            result = queue.get(timeout=5)
+        except Empty:
+            waited += 5
+            if not child.is_alive():
+                sys.exit(f"the scenario's child exited with code {child.exitcode} before sending its verdicts")
+    if result is None:
+        child.kill()
+        sys.exit(f"the scenario's child sent no verdicts in {RUN_TIMEOUT_S} s")
     child.join()
     print(json.dumps(result))

@@ -55,14 +55,14 @@ def engine_run(vllm_python, engine_env, tmp_path_factory):
     runs once per module and is then shared by every assertion."""
     runs: dict[tuple[str, str, str], dict] = {}
 
-    def run(style: str, mode: str, variant: str) -> dict:
-        key = (style, mode, variant)
+    def run(style: str, mode: str, variant: str, *extra: str) -> dict:
+        key = (style, mode, variant, *extra)
         if key not in runs:
             work = tmp_path_factory.mktemp(f"vllm-{style}-{mode}-{variant}")
             env = {**engine_env, **VARIANTS[variant], "SK_REPORT_DIR": str(work / "reports")}
             out = work / "tokens.json"
-            done = subprocess.run([vllm_python, __file__, "--style", style, "--mode", mode, "--out", str(out)],
-                                  env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+            done = subprocess.run([vllm_python, __file__, "--style", style, "--mode", mode, "--out", str(out),
+                                   *extra], env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
             if done.returncode:
                 pytest.fail(f"engine run {key} failed (rc {done.returncode}):\n{done.stderr[-6000:]}")
             runs[key] = {**json.loads(out.read_text()), "reports": read_reports(work / "reports")}
@@ -153,6 +153,39 @@ def test_attention_projections_through_sk_linear(engine_run, mode):
     assert "QKV and output projections -> sk.ops.linear" in worker["replaced"]["decoder layers (norm + MLP)"]
 
 
+@pytest.fixture(scope="module")
+def zeroed_llama(tmp_path_factory) -> str:
+    """The trained llama-style model with every post-attention norm weight zero (its MLPs then add nothing): new
+    weights for an in-place reload, which change the greedy tokens."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    import sk.models
+
+    target = tmp_path_factory.mktemp("zeroed-llama")
+    shutil.copytree(sk.models.trained_model("llama"), target, dirs_exist_ok=True)
+    for f in target.glob("*.safetensors"):
+        tensors = {k: torch.zeros_like(v) if "post_attention_layernorm" in k else v for k, v in load_file(f).items()}
+        save_file(tensors, f, metadata={"format": "pt"})
+    return str(target)
+
+
+@pytest.mark.vllm
+def test_weights_reloaded_in_place_are_the_ones_the_fused_blocks_compute_with(engine_run, zeroed_llama):
+    # vLLM's reload_weights writes new weights into the loaded model (its weight loaders, through .data) and the
+    # fused blocks' prepared copies are made again after it, in their own memory. Interpreted, the kernels read
+    # those copies: after the reload the engine answers as an engine started on the new weights does.
+    reloaded = engine_run("llama", "eager", "sk-triton", "--reload-from", zeroed_llama)
+    fresh = engine_run("llama", "eager", "sk-triton", "--model-dir", zeroed_llama)
+    assert reloaded["tokens"] == engine_run("llama", "eager", "stock")["tokens"]  # before the reload
+    assert reloaded["reloaded"] != reloaded["tokens"] and reloaded["reloaded"] == fresh["tokens"]
+    (worker,) = worker_reports(reloaded)
+    # One copy per layer at load, one more per layer after the reload.
+    assert worker["fused_blocks"]["weights_prepared"] == {FUSED["llama"]: 2 * LAYERS}, worker["fused_blocks"]
+
+
 @pytest.mark.vllm
 def test_stock_run_replaces_nothing(engine_run):
     stock = engine_run("llama", "eager", "stock")
@@ -161,23 +194,29 @@ def test_stock_run_replaces_nothing(engine_run):
 
 # ------------------------------------------------------------------------------------------------ the driver
 
-def generate(style: str, mode: str, enable_lora: bool = False) -> dict:
+def generate(style: str, mode: str, enable_lora: bool = False, model_dir: str | None = None,
+             reload_from: str | None = None) -> dict:
     from vllm import LLM, SamplingParams
 
     import sk.models
     from sk.adapters.vllm import report as adapter_report
 
-    model = sk.models.trained_model(style)
+    model = model_dir or sk.models.trained_model(style)
     ask_workers = bool(os.environ.get("SK_ADAPTERS"))
     if ask_workers:
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc ships a function (pickled)
     lora = {"enable_lora": True, "max_loras": 1, "max_lora_rank": 8} if enable_lora else {}
     llm = LLM(str(model), dtype="float32", enforce_eager=mode == "eager", seed=0, max_model_len=512,
               kv_cache_memory_bytes=256 << 20, **lora)
-    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outputs = llm.generate(PROMPTS, greedy)
     # The adapter's report, asked of each worker while the engine runs (the at-exit files come later).
     on_request = llm.collective_rpc(adapter_report) if ask_workers else []
-    return {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "on_request": on_request}
+    result = {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "on_request": on_request}
+    if reload_from:  # vLLM's in-place reload from another checkpoint of the same model
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": reload_from})
+        result["reloaded"] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, greedy)]
+    return result
 
 
 if __name__ == "__main__":
@@ -186,5 +225,9 @@ if __name__ == "__main__":
     parser.add_argument("--mode", choices=MODES, required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--enable-lora", action="store_true", help="vLLM's LoRA support on (no adapter loaded)")
+    parser.add_argument("--model-dir", help="this checkpoint instead of the style's trained model")
+    parser.add_argument("--reload-from", help="after generating, reload the weights in place from this checkpoint "
+                                              "and generate again")
     cli = parser.parse_args()
-    Path(cli.out).write_text(json.dumps(generate(cli.style, cli.mode, cli.enable_lora)))
+    Path(cli.out).write_text(json.dumps(generate(cli.style, cli.mode, cli.enable_lora, cli.model_dir,
+                                                 cli.reload_from)))

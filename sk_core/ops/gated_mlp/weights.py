@@ -78,12 +78,14 @@ def fold(norm: str, norm_weight: torch.Tensor, norm_bias: Optional[torch.Tensor]
 
 def prepared_gate_up(op: str, norm: str, norm_weight: torch.Tensor, norm_bias: Optional[torch.Tensor],
                      gate_up_weight: torch.Tensor, gate_up_bias: Optional[torch.Tensor],
-                     dtype: torch.dtype) -> GateUp:
+                     dtype: torch.dtype, remake: bool = False) -> GateUp:
     """The folded gate/up weights for compute dtype `dtype`, cached on the four sources (see the module
-    docstring); `op` names the coverage row a capture-time miss is recorded under."""
+    docstring); `op` names the coverage row a capture-time miss is recorded under. `remake`: fold again, into
+    the cached copy's own memory (`weight_cache.derived`)."""
     sources = (norm_weight, norm_bias if norm == "layer" else None, gate_up_weight, gate_up_bias)
     return weight_cache.derived(op, sources, ("gated_mlp_fold", norm, dtype),
-                                lambda: fold(norm, norm_weight, norm_bias, gate_up_weight, gate_up_bias, dtype))
+                                lambda: fold(norm, norm_weight, norm_bias, gate_up_weight, gate_up_bias, dtype),
+                                remake=remake)
 
 
 def prepared_down(op: str, down_weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
