@@ -514,6 +514,30 @@ def test_gpu_capture_with_engine_parameter_classes_reads_the_prepared_weights(mo
 
 
 @pytest.mark.gpu
+def test_gpu_a_refresh_after_weights_written_through_data_reaches_a_captured_graph():
+    """An engine's weight loader writes through .data (no version counter moves) while its CUDA graphs keep
+    replaying: prepare_weights(refresh=True) folds again into the same memory, so the graph captured before the
+    update computes with the new weights, as an eager call on fresh copies of them does."""
+    m, d, ff = 4, 2048, 8192
+    x, r = make_x(m, d, torch.bfloat16, "cuda"), make_x(m, d, torch.bfloat16, "cuda", seed=2)
+    block = make_block(d, ff, "rms", bias=False, dtype=torch.bfloat16, device="cuda", seed=1)
+    with torch.no_grad():
+        call_op(block, x, r, "rms", "silu")  # the fold, made before the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, _ = call_op(block, x, r, "rms", "silu")
+        new = make_block(d, ff, "rms", bias=False, dtype=torch.bfloat16, device="cuda", seed=3)
+        for name in ("norm_weight", "gate_up_weight", "down_weight"):
+            block[name].data.copy_(new[name])
+        assert sk.ops.gated_mlp.prepare_weights(block["norm_weight"], block["gate_up_weight"], refresh=True)
+        out.fill_(float("nan"))
+        graph.replay()
+        want, _ = call_op({k: None if v is None else v.clone() for k, v in new.items()}, x, r, "rms", "silu")
+    assert torch.equal(out, want)
+    assert not sk.coverage.report()["fallbacks"]
+
+
+@pytest.mark.gpu
 def test_gpu_chained_layers_match_stream_order():
     """Layers chained through out/h in one graph (each kernel launched dependently on the one before it) give
     the bits of calls synchronized one by one."""
@@ -575,6 +599,10 @@ def test_prepare_weights_makes_the_copy_the_calls_read():
     assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 1}
     call_op(block, make_x(3, d, torch.float16), None, "rms", "silu")
     assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 1}
+    with pytest.raises(ValueError, match="prepare_weights: norm must be one of 'rms', 'gemma_rms', 'layer'; got 'foo'"):
+        sk.ops.gated_mlp.prepare_weights(block["norm_weight"], block["gate_up_weight"], norm="foo")
+    with pytest.raises(ValueError, match=r"gate_up_weight must be \(2·d_ff, d_model\), gate rows first; got \(3, 64\)"):
+        sk.ops.gated_mlp.prepare_weights(block["norm_weight"], block["gate_up_weight"][:3])
     # fp64 is outside every kernel's cover: nothing is made, nothing recorded.
     assert not sk.ops.gated_mlp.prepare_weights(block["norm_weight"].double(), block["gate_up_weight"].double())
     assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 1}

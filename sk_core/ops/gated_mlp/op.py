@@ -63,6 +63,13 @@ def prepare_weights(norm_weight: torch.Tensor, gate_up_weight: torch.Tensor, *, 
     `refresh=True`: after the weights were written in a way their version counters do not show (through
     `.data`, as the engines' weight loaders write), or while CUDA graphs that read the copy stay in use: the
     copy is made again into its own memory, so that those graphs compute with the new weights too."""
+    if norm not in NORMS:
+        raise ValueError(f"sk.ops.gated_mlp.prepare_weights: norm must be one of {', '.join(map(repr, NORMS))}; "
+                         f"got {norm!r}")
+    if not isinstance(gate_up_weight, torch.Tensor) or gate_up_weight.dim() != 2 or gate_up_weight.shape[0] % 2:
+        got = tuple(gate_up_weight.shape) if isinstance(gate_up_weight, torch.Tensor) else type(gate_up_weight)
+        raise ValueError(f"sk.ops.gated_mlp.prepare_weights: gate_up_weight must be (2·d_ff, d_model), gate rows "
+                         f"first; got {got}")
     dtype = gate_up_weight.dtype if dtype is None else dtype
     d, ff = gate_up_weight.shape[1], gate_up_weight.shape[0] // 2
     probe = gate_up_weight.new_empty((0, d), dtype=dtype)
