@@ -5,7 +5,10 @@ When: once per model, while vLLM loads it, by wrapt wrappers (installed once per
 the engine config, and `process_weights_after_loading` as that method calls it, i.e. after the weights are loaded:
 before vLLM's post-processing each supported layer is planned, and on CPU its gate_up/down projections get
 vLLM's own `_cpu_skip_gemm_dispatch` flag (vLLM would otherwise pack their weights for oneDNN and drop the
-plain ones, which the op reads); after it the layer is re-checked and swapped. All of that is in the worker,
+plain ones, which the op reads); after it the layer is re-checked and swapped. A loader with a `load_model` of
+its own (tensorizer, IPC weight cache, ...) may post-process the model itself or not at all: its `load_model` is
+wrapped too, and a model it returns that did not pass through the wrapped post-processing is planned and
+fused there, as loaded (a layer whose weights that loader repacked keeps vLLM's path, recorded). All of that is in the worker,
 eager, before vLLM's profile run, Dynamo tracing and CUDA-graph capture: the swapped modules are what Dynamo
 traces, and each fused block's prepared gate/up copy is made there (`FusedNormMLP.prepare`), so that vLLM's memory
 profile counts it before the KV cache is sized.
@@ -17,6 +20,7 @@ NOTES.md says why this mechanism.
 from __future__ import annotations
 
 import logging
+import weakref
 
 import torch
 
@@ -32,8 +36,10 @@ BLOCKS = FusedBlocks()
 UNQUANTIZED = ("UnquantizedLinearMethod",)
 BASE_LOADER = "vllm.model_executor.model_loader.base_loader"
 BATCH_INVARIANT = "VLLM_BATCH_INVARIANT=1 (vLLM's batch-invariant GEMMs)"
-# The engine config of the model being loaded in this process (set by the load_model wrapper).
+# The engine config of the model being loaded in this process (set by the load_model wrappers).
 _loading: list = []
+# The models that went through the wrapped post-processing (a loader's own load_model leaves the others to us).
+_processed: weakref.WeakSet = weakref.WeakSet()
 
 
 def install() -> str:
@@ -50,6 +56,11 @@ def install() -> str:
     if not isinstance(base_loader.process_weights_after_loading, wrapt.FunctionWrapper):
         wrapt.wrap_function_wrapper(BASE_LOADER, "BaseModelLoader.load_model", _around_load)
         wrapt.wrap_function_wrapper(BASE_LOADER, "process_weights_after_loading", _around_processing)
+    import vllm.model_executor.model_loader  # noqa: F401  (imports every loader vLLM registers)
+
+    for cls in loaders_with_own_load_model(base_loader.BaseModelLoader):
+        if not isinstance(cls.__dict__["load_model"], wrapt.FunctionWrapper):
+            wrapt.wrap_function_wrapper(cls, "load_model", _around_own_load)
     classes = ", ".join(cls for classes in support.FUSED_DECODER_LAYERS.values() for cls in classes)
     what = f"{fused_blocks.WHAT} in {classes} (after weight loading)" if fused else f"off ({BLOCKS.disabled})"
     return what + ("; QKV and output projections -> sk.ops.linear" if routed else "")
@@ -63,6 +74,31 @@ def _around_load(wrapped, instance, args, kwargs):
         _loading.pop()
 
 
+def loaders_with_own_load_model(base: type) -> list[type]:
+    """The imported subclasses of vLLM's `BaseModelLoader` (any depth) that define `load_model` themselves."""
+    found, todo = [], list(base.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        todo.extend(cls.__subclasses__())
+        if "load_model" in cls.__dict__ and cls not in found:
+            found.append(cls)
+    return found
+
+
+def _around_own_load(wrapped, instance, args, kwargs):
+    _loading.append(kwargs.get("vllm_config", args[0] if args else None))
+    try:
+        model = wrapped(*args, **kwargs)
+    finally:
+        _loading.pop()
+    if isinstance(model, torch.nn.Module) and model not in _processed:
+        logger.info("standardkernels: %s.load_model returned a model without vLLM's process_weights_after_loading"
+                    " wrapper seeing it: its layers are planned and fused as loaded", type(instance).__name__)
+        config = kwargs.get("vllm_config", args[0] if args else None)
+        _after_loading(model, config, plan_model(model, config) if BLOCKS.disabled is None else None)
+    return model
+
+
 def _around_processing(wrapped, instance, args, kwargs):
     model = kwargs.get("model", args[0] if args else None)
     config = _loading[-1] if _loading else None
@@ -70,11 +106,18 @@ def _around_processing(wrapped, instance, args, kwargs):
     if settings.get("attention_linear"):
         plan_projections(model)
     result = wrapped(*args, **kwargs)
+    _after_loading(model, config, plans)
+    return result
+
+
+def _after_loading(model: torch.nn.Module, config, plans) -> None:
+    """The loaded, post-processed `model`'s layers swapped (and projections routed), once per model."""
+    if model is not None:
+        _processed.add(model)
     if BLOCKS.disabled is None:
         fuse_model(model, plans)
     if settings.get("attention_linear"):
         route_model_projections(model, config)
-    return result
 
 
 def _decoder_layers(model: torch.nn.Module):

@@ -16,6 +16,9 @@
 #   sglang-trained          stock SGLang vs our adapter on the trained models
 #   sglang-export           stock SGLang vs our adapter vs the exported SGLang series (ci/gpu/export_check.py)
 #   serve-vllm, serve-sglang  sk-serve's lifecycle: SIGTERM under long requests, SIGKILL (ci/gpu/serve_check.py)
+#   reload, reload-vllm, reload-sglang  the engines' in-place weight updates with the fused blocks on, CUDA graphs
+#                           on: after the update ours answers as an engine started on the new weights
+#                           (ci/gpu/reload_check.py; three engine starts per engine)
 #   gate                    the lm-eval accuracy gate on the trained models (ci/gpu/accuracy_gate.sh)
 #   gate-ENGINE[-STYLE]     one engine's rows of it (gate-sglang-llama, gate-vllm, ...)
 #   eval                    sk eval on scenarios/h200-llama.yaml, CUDA graphs on
@@ -78,6 +81,8 @@ case $step in
   sglang-trained) command=(python3 ci/gpu/sglang_check.py "$work" --styles llama-trained gemma-trained qwen3-trained --no-serve) ;;
   sglang-export)  command=(python3 ci/gpu/export_check.py "$work" --engine sglang --styles llama) ;;
   serve-vllm|serve-sglang) command=(python3 ci/gpu/serve_check.py "${step#serve-}" "$work") ;;
+  reload) command=(python3 ci/gpu/reload_check.py "$work") ;;
+  reload-vllm|reload-sglang) command=(python3 ci/gpu/reload_check.py "$work" --engines "${step#reload-}") ;;
   gate)   command=(bash ci/gpu/accuracy_gate.sh run "$work") ;;
   gate-vllm|gate-sglang|gate-vllm-llama|gate-vllm-gemma|gate-vllm-qwen3|gate-sglang-llama|gate-sglang-gemma|\
   gate-sglang-qwen3)

@@ -414,3 +414,32 @@ def test_a_second_model_in_the_process_is_reported_under_its_own_name():
         vllm_blocks.fuse_model(model, vllm_blocks.plan_model(model, cpu=False), blocks, all_reduce=lambda t: t)
     assert list(blocks.fused) == ["layers.0", "model1:layers.0", "model1:layers.1"]
     assert blocks.report()["layers_fused"] == 3
+
+
+def test_a_loader_with_a_load_model_of_its_own_gets_the_fused_blocks(monkeypatch):
+    # E.g. vLLM's tensorizer loader on a vLLM-tensorized model: it never calls process_weights_after_loading.
+    base_loader = pytest.importorskip("vllm.model_executor.model_loader.base_loader")
+    from vllm.model_executor.model_loader.tensorizer_loader import TensorizerLoader
+
+    blocks = fused_blocks.FusedBlocks()
+    monkeypatch.setattr(vllm_blocks, "BLOCKS", blocks)
+    model = Model([_layer(), _layer("gemma")])
+
+    class OwnLoader(base_loader.BaseModelLoader):
+        def download_model(self, model_config):
+            pass
+
+        def load_weights(self, model, model_config):
+            pass
+
+        def load_model(self, vllm_config, model_config, prefix=""):
+            return model
+
+    assert vllm_blocks.install().startswith(fused_blocks.WHAT)
+    assert {TensorizerLoader, OwnLoader} <= set(vllm_blocks.loaders_with_own_load_model(base_loader.BaseModelLoader))
+    loader = OwnLoader(load_config=None)
+    assert loader.load_model(None, None) is model
+    assert set(blocks.fused) == {"layers.0", "layers.1"} and blocks.engine_path == {}
+    assert all(isinstance(layer.mlp, fused_blocks.MlpComputedByNorm) for layer in model.layers)
+    loader.load_model(None, None)  # the same model again: fused once, reported once
+    assert set(blocks.fused) == {"layers.0", "layers.1"}

@@ -380,6 +380,9 @@ LINEAR_MAX_M = 32
 # (RESET_ARRIVALS): kernels of one stream run one after the other, so they can share one buffer; another stream
 # gets its own. Enough for 2048 output tiles (N up to 131072 at 64-column tiles); a larger call, or the first on
 # a stream met inside a CUDA-graph capture, zeroes a buffer of its own (a memset in the graph: correct, slower).
+# A graph captured on a stream that ran the op before reads that stream's buffer at every replay: replays of
+# such graphs must not overlap one another or that stream's work (vLLM and SGLang replay every graph on one
+# stream, one at a time); to replay graphs concurrently on several streams, capture them on fresh streams.
 LINEAR_COUNTERS = 2048
 _linear_counters: dict[tuple[torch.device, int], torch.Tensor] = {}
 
