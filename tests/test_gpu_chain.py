@@ -68,3 +68,37 @@ def test_a_bare_host_answers_at_once_and_bad_calls_name_what_is_missing(tmp_path
     assert "end 1 gpu:tests exit 0" in chain(tree, work, "poll", "30", "chain end").stdout
     wrong = chain(tree, work, "part", ".gpu-stage/part9")
     assert wrong.returncode == 2 and "no staged part folder '.gpu-stage/part9'" in wrong.stderr
+
+
+def _known_steps():
+    """run.sh's steps (its `case` labels) and engines.sh's (glob patterns: selftest-*, ...)."""
+    import re
+
+    def labels(script):
+        text = re.sub(r"\|\\\n\s*", "|", (ROOT / "ci/gpu" / script).read_text())
+        return {label for line in re.findall(r"^\s+([\w.*|-]+)\)", text, re.M) for label in line.split("|")}
+
+    return labels("run.sh"), labels("engines.sh") - {"*"}
+
+
+def test_the_committed_plans_name_only_steps_the_scripts_know():
+    import fnmatch
+
+    run_steps, engine_steps = _known_steps()
+    assert {"tests", "gated-mlp"} <= run_steps and {"reload", "bench-gated-mlp", "selftest-*"} <= engine_steps
+    plans = sorted((ROOT / "ci/gpu/plans").glob("*.plan"))
+    assert plans
+    for plan in plans:
+        for line in plan.read_text().splitlines():
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            words = line.split()
+            step = words[-1]
+            assert all("=" in w for w in words[:-1]), f"{plan.name}: {line!r}: VAR=value ... STEP"
+            if step.startswith("gpu:"):
+                assert step[4:] in run_steps, f"{plan.name}: {step} is not a step of ci/gpu/run.sh"
+            else:
+                assert any(fnmatch.fnmatchcase(step, p) for p in engine_steps), \
+                    f"{plan.name}: {step} is not a step of ci/gpu/engines.sh"
+            if step.startswith(("selftest-", "pair-", "profile-")):
+                assert (ROOT / "scenarios" / f"h200-{step.split('-', 1)[1]}.yaml").is_file(), f"{plan.name}: {step}"
