@@ -7,11 +7,12 @@ before vLLM's post-processing each supported layer is planned, and on CPU its ga
 vLLM's own `_cpu_skip_gemm_dispatch` flag (vLLM would otherwise pack their weights for oneDNN and drop the
 plain ones, which the op reads); after it the layer is re-checked and swapped. A loader with a `load_model` of
 its own (tensorizer, IPC weight cache, ...) may post-process the model itself or not at all: its `load_model` is
-wrapped too, and a model it returns that did not pass through the wrapped post-processing is planned and
-fused there, as loaded (a layer whose weights that loader repacked keeps vLLM's path, recorded). All of that is in the worker,
-eager, before vLLM's profile run, Dynamo tracing and CUDA-graph capture: the swapped modules are what Dynamo
-traces, and each fused block's prepared gate/up copy is made there (`FusedNormMLP.prepare`), so that vLLM's memory
-profile counts it before the KV cache is sized.
+wrapped too (at install, or at its first instance for a class defined later), and a model the outermost such
+call returns that did not pass through the wrapped post-processing is planned and fused there, as loaded (a
+layer whose weights that loader repacked keeps vLLM's path, recorded). All of that is in the worker, eager,
+before vLLM's profile run, Dynamo tracing and CUDA-graph capture: the swapped modules are what Dynamo traces, and
+each fused block's prepared gate/up copy is made there (`FusedNormMLP.prepare`), so that vLLM's memory profile
+counts it before the KV cache is sized.
 Which layers: exact classes of `support.FUSED_DECODER_LAYERS`, whose forwards `support.py` checked at start-up;
 each layer is planned on its own loaded modules (`plan_layer`): quantized linears, LoRA, options the op does not
 compute, unknown MLP/norm classes keep vLLM's path, recorded with the reason (an error under SK_STRICT=1).
@@ -56,11 +57,12 @@ def install() -> str:
     if not isinstance(base_loader.process_weights_after_loading, wrapt.FunctionWrapper):
         wrapt.wrap_function_wrapper(BASE_LOADER, "BaseModelLoader.load_model", _around_load)
         wrapt.wrap_function_wrapper(BASE_LOADER, "process_weights_after_loading", _around_processing)
+        # A loader class defined later (a plugin's, one registered with register_model_loader) is wrapped when
+        # its first instance is made.
+        wrapt.wrap_function_wrapper(BASE_LOADER, "BaseModelLoader.__init__", _around_loader_init)
     import vllm.model_executor.model_loader  # noqa: F401  (imports every loader vLLM registers)
 
-    for cls in loaders_with_own_load_model(base_loader.BaseModelLoader):
-        if not isinstance(cls.__dict__["load_model"], wrapt.FunctionWrapper):
-            wrapt.wrap_function_wrapper(cls, "load_model", _around_own_load)
+    _wrap_own_load_models(loaders_with_own_load_model(base_loader.BaseModelLoader))
     classes = ", ".join(cls for classes in support.FUSED_DECODER_LAYERS.values() for cls in classes)
     what = f"{fused_blocks.WHAT} in {classes} (after weight loading)" if fused else f"off ({BLOCKS.disabled})"
     return what + ("; QKV and output projections -> sk.ops.linear" if routed else "")
@@ -85,12 +87,32 @@ def loaders_with_own_load_model(base: type) -> list[type]:
     return found
 
 
+def _wrap_own_load_models(classes) -> None:
+    import wrapt
+
+    for cls in classes:
+        if not isinstance(cls.__dict__["load_model"], wrapt.FunctionWrapper):
+            wrapt.wrap_function_wrapper(cls, "load_model", _around_own_load)
+
+
+def _around_loader_init(wrapped, instance, args, kwargs):
+    wrapped(*args, **kwargs)
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    _wrap_own_load_models([cls for cls in type(instance).__mro__ if cls is not BaseModelLoader
+                           and issubclass(cls, BaseModelLoader) and "load_model" in cls.__dict__])
+
+
 def _around_own_load(wrapped, instance, args, kwargs):
     _loading.append(kwargs.get("vllm_config", args[0] if args else None))
     try:
         model = wrapped(*args, **kwargs)
     finally:
         _loading.pop()
+    # Inside another loader's load_model (one loader delegating to another), the outermost one decides: it may
+    # still post-process the model.
+    if _loading:
+        return model
     if isinstance(model, torch.nn.Module) and model not in _processed:
         logger.info("standardkernels: %s.load_model returned a model without vLLM's process_weights_after_loading"
                     " wrapper seeing it: its layers are planned and fused as loaded", type(instance).__name__)
@@ -215,6 +237,8 @@ def record_for_reloading(fused: fused_blocks.FusedNormMLP) -> None:
 # followed by one refresh of the fused blocks' prepared copies: (module, method, the model from its instance).
 WEIGHT_UPDATES = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.reload_weights", lambda runner: runner.get_model()),
+    # Model Runner V2 (vllm/v1/worker/gpu/), the default on CUDA where it exists.
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.reload_weights", lambda runner: runner.get_model()),
     ("vllm.v1.worker.gpu_worker", "Worker.finish_weight_update", lambda worker: worker.model_runner.get_model()),
 )
 

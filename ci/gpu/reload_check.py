@@ -3,18 +3,22 @@
 
     python ci/gpu/reload_check.py OUTDIR [--engines vllm sglang]
 
-The new weights: the trained Llama-style model with every post-attention norm weight zero (its MLPs then add
-nothing), which changes the greedy tokens. The engines' loaders write through `.data` and their CUDA graphs
-replay the fused blocks' folded gate/up copies; the adapters fold them again in place after each update
-(adapters/vllm/NOTES.md, "Weights written after loading"). Per engine, each run in its own process:
-  - sk-updated: our adapter on the trained model; greedy tokens; the engine's in-place update from the zeroed
-    checkpoint (vLLM: collective_rpc("reload_weights", weights_path=...); SGLang: Engine.update_weights_from_disk,
-    without recapturing its graphs); greedy tokens again;
-  - sk-fresh: our adapter, started on the zeroed checkpoint;
+The new weights: the trained Llama-style model with every post-attention norm weight halved and noise added to
+every gate, up and down projection (fixed seed), which changes the greedy tokens; every weight the fused block
+reads changes, so a folded copy left stale, or refolded from a stale or lost weight, shows. The engines' loaders
+write through `.data` and their CUDA graphs replay the fused blocks' folded gate/up copies; the adapters fold them
+again in place after each update (adapters/vllm/NOTES.md, "Weights written after loading"). Per engine, each
+run in its own process:
+  - sk-updated: our adapter on the trained model; greedy tokens; the engine's in-place update from the new
+    checkpoint (vLLM: collective_rpc("reload_weights", weights_path=...), then reset_prefix_cache() as RL
+    frameworks do, since the cached KV is the old weights'; SGLang: Engine.update_weights_from_disk, which
+    flushes its cache, without recapturing its graphs); greedy tokens again;
+  - sk-fresh: our adapter, started on the new checkpoint;
   - stock-updated: the stock engine, as sk-updated (the engine's own update, for reference).
-Passes when sk-updated's tokens after the update equal sk-fresh's and differ from its tokens before.
-Writes OUTDIR/reload_check.json and OUTDIR/reload_check.md. Needs the engines and standardkernels installed as
-for vllm_check.py / sglang_check.py.
+Passes when both sk runs fused layers in every model process, the update reported success, and sk-updated's
+tokens after the update equal sk-fresh's and differ from its tokens before.
+Writes OUTDIR/reload_check.json and OUTDIR/reload_check.md (again after each engine). Needs the engines and
+standardkernels installed as for vllm_check.py / sglang_check.py.
 """
 from __future__ import annotations
 
@@ -33,24 +37,37 @@ from vllm_check import ENGINE_ENV as VLLM_ENV, TRAINED_MODELS, prompts  # noqa: 
 PROMPTS, STEPS = 16, 32
 SGLANG_ENV = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1"}
 RUN_TIMEOUT_S, SILENCE_S = 420, 180
-RUNS = {  # name -> (adapter on, start on the zeroed checkpoint, update in place from it)
+RUNS = {  # name -> (adapter on, start on the new checkpoint, update in place from it)
     "sk-updated": (True, False, True),
     "sk-fresh": (True, True, False),
     "stock-updated": (False, False, True),
 }
 
 
-def zeroed_copy(source: Path, target: Path) -> Path:
-    """`source` with every post_attention_layernorm weight zero."""
+MLP_WEIGHTS = ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+
+
+def changed_copy(source: Path, target: Path) -> Path:
+    """`source` with every post_attention_layernorm weight halved and noise of a quarter of each MLP projection's
+    spread added to it (fixed seed)."""
     import shutil
 
     import torch
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(source, target, dirs_exist_ok=True)
-    for f in target.glob("*.safetensors"):
-        tensors = {k: torch.zeros_like(v) if "post_attention_layernorm" in k else v for k, v in load_file(f).items()}
-        save_file(tensors, f, metadata={"format": "pt"})
+    generator = torch.Generator().manual_seed(0)
+
+    def changed(name: str, w: torch.Tensor) -> torch.Tensor:
+        if "post_attention_layernorm" in name:
+            return w * 0.5
+        if name.endswith(MLP_WEIGHTS):
+            noise = torch.randn(w.shape, generator=generator, dtype=torch.float32)
+            return (w.float() + 0.25 * w.float().std() * noise).to(w.dtype)
+        return w
+
+    for f in sorted(target.glob("*.safetensors")):
+        save_file({k: changed(k, v) for k, v in load_file(f).items()}, f, metadata={"format": "pt"})
     return target
 
 
@@ -70,6 +87,8 @@ def run_vllm(model: Path, update_from: Path | None) -> dict:
     result = {"before": [list(o.outputs[0].token_ids) for o in llm.generate(batch, greedy)]}
     if update_from is not None:
         llm.collective_rpc("reload_weights", kwargs={"weights_path": str(update_from)})
+        result["update"] = [True, "reload_weights returned"]  # it raises on failure
+        llm.reset_prefix_cache()
         result["after"] = [list(o.outputs[0].token_ids) for o in llm.generate(batch, greedy)]
     return result
 
@@ -90,6 +109,7 @@ def run_sglang(model: Path, update_from: Path | None, with_adapter: bool) -> dic
             result["update"] = list(done) if isinstance(done, tuple) else done
             result["after"] = [list(o["output_ids"])
                                for o in engine.generate(input_ids=batch, sampling_params=greedy)]
+        engine.get_server_info()  # makes each scheduler write its adapter report (see sk.adapters.sglang)
         return result
     finally:
         engine.shutdown()
@@ -97,7 +117,7 @@ def run_sglang(model: Path, update_from: Path | None, with_adapter: bool) -> dic
 
 # ------------------------------------------------------------------------------------------ orchestration
 
-def run(engine: str, name: str, model: Path, zeroed: Path, work: Path) -> dict:
+def run(engine: str, name: str, model: Path, changed: Path, work: Path) -> dict:
     from sk.reports import model_process_reports, read_reports
 
     adapter, fresh, update = RUNS[name]
@@ -107,9 +127,9 @@ def run(engine: str, name: str, model: Path, zeroed: Path, work: Path) -> dict:
     env.pop("SK_ADAPTERS", None)
     if adapter and engine == "vllm":
         env["SK_ADAPTERS"] = "vllm"
-    command = [sys.executable, __file__, str(out), "--child", engine, "--model", str(zeroed if fresh else model)]
+    command = [sys.executable, __file__, str(out), "--child", engine, "--model", str(changed if fresh else model)]
     if update:
-        command += ["--update-from", str(zeroed)]
+        command += ["--update-from", str(changed)]
     if adapter:
         command.append("--adapter")
     log = work / f"{engine}-{name}.log"
@@ -131,8 +151,18 @@ def verdict(runs: dict) -> dict:
     changed = sum(a != b for a, b in zip(updated["after"], updated["before"]))
     stock = runs.get("stock-updated", {})
     stock_same = (sum(a == b for a, b in zip(stock["after"], updated["after"])) if "after" in stock else None)
-    return {"pass": same == PROMPTS and changed > 0, "after_equals_fresh": same, "changed_by_update": changed,
-            "stock_after_equals_ours_after": stock_same, "sequences": PROMPTS}
+    result = {"after_equals_fresh": same, "changed_by_update": changed, "stock_after_equals_ours_after": stock_same,
+              "sequences": PROMPTS}
+    # Tokens alone would pass an adapter that never switched on: both sk runs must have fused layers.
+    unfused = [name for name in ("sk-updated", "sk-fresh")
+               if not runs[name].get("layers_fused") or not all(runs[name]["layers_fused"])]
+    update = updated.get("update")
+    failed_update = not (update is True or (isinstance(update, list) and update and update[0] is True))
+    why = ([f"no fused layers in a model process of {', '.join(unfused)}"] if unfused else []) + (
+        [f"the update did not report success: {update!r}"] if failed_update else []) + (
+        [f"after the update {same}/{PROMPTS} sequences equal the fresh engine's"] if same != PROMPTS else []) + (
+        ["the update changed no sequence"] if not changed else [])
+    return {"pass": not why, **({"why": "; ".join(why)} if why else {}), **result}
 
 
 def markdown(summary: dict) -> str:
@@ -145,7 +175,7 @@ def markdown(summary: dict) -> str:
         copies = ", ".join(f"{row} {n}" for counts in updated.get("weights_prepared", []) for row, n in counts.items())
         lines.append(f"| {engine} | {v.get('after_equals_fresh', '-')}/{PROMPTS} | {v.get('changed_by_update', '-')} "
                      f"| {v.get('stock_after_equals_ours_after', '-')} | {fused} | {copies or '-'} | "
-                     f"{'PASS' if v['pass'] else 'FAIL'} |")
+                     f"{'PASS' if v['pass'] else 'FAIL: ' + v.get('why', '')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -170,17 +200,17 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="reload-check-", dir=out))
     model = TRAINED_MODELS["llama-trained"]
-    zeroed = zeroed_copy(model, work / "zeroed-llama")
+    changed = changed_copy(model, work / "changed-llama")
     summary = {"date": datetime.date.today().isoformat(),
                "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "engines": {}}
     for engine in args.engines:
         runs = {}
         for name in RUNS:
             print(f"reload_check: {engine} {name}", file=sys.stderr, flush=True)
-            runs[name] = run(engine, name, model, zeroed, work)
+            runs[name] = run(engine, name, model, changed, work)
         summary["engines"][engine] = {"runs": runs, "verdict": verdict(runs)}
-    (out / "reload_check.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "reload_check.md").write_text(markdown(summary))
+        (out / "reload_check.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (out / "reload_check.md").write_text(markdown(summary))
     print(markdown(summary))
     return 0 if all(r["verdict"]["pass"] for r in summary["engines"].values()) else 1
 

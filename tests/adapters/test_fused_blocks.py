@@ -10,6 +10,8 @@ unsharded block; what the op does not cover keeps the engine path with the reaso
 layer in strict mode; parameter names are kept; Dynamo traces the swapped layer whole.
 In-engine checks: test_vllm_parity.py (tokens equal stock, report counts), test_vllm_strict.py.
 """
+import types
+
 import pytest
 import torch
 
@@ -392,6 +394,7 @@ def test_vllms_weight_update_entry_points_are_wrapped():
     pytest.importorskip("vllm.v1.worker.gpu_model_runner")
     wrapped = vllm_blocks.watch_weight_updates()
     assert wrapped == ["vllm.v1.worker.gpu_model_runner.GPUModelRunner.reload_weights",
+                       "vllm.v1.worker.gpu.model_runner.GPUModelRunner.reload_weights",
                        "vllm.v1.worker.gpu_worker.Worker.finish_weight_update"]
     assert vllm_blocks.watch_weight_updates() == wrapped  # once: a second call wraps nothing again
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -416,16 +419,10 @@ def test_a_second_model_in_the_process_is_reported_under_its_own_name():
     assert blocks.report()["layers_fused"] == 3
 
 
-def test_a_loader_with_a_load_model_of_its_own_gets_the_fused_blocks(monkeypatch):
-    # E.g. vLLM's tensorizer loader on a vLLM-tensorized model: it never calls process_weights_after_loading.
-    base_loader = pytest.importorskip("vllm.model_executor.model_loader.base_loader")
-    from vllm.model_executor.model_loader.tensorizer_loader import TensorizerLoader
+def _loader_classes(base_loader, model, plans):
+    """Stand-in loaders with a load_model of their own, each returning `model` (`plans` counts the plannings)."""
 
-    blocks = fused_blocks.FusedBlocks()
-    monkeypatch.setattr(vllm_blocks, "BLOCKS", blocks)
-    model = Model([_layer(), _layer("gemma")])
-
-    class OwnLoader(base_loader.BaseModelLoader):
+    class OwnLoader(base_loader.BaseModelLoader):  # e.g. tensorizer on a vLLM-tensorized model: no post-processing
         def download_model(self, model_config):
             pass
 
@@ -435,11 +432,45 @@ def test_a_loader_with_a_load_model_of_its_own_gets_the_fused_blocks(monkeypatch
         def load_model(self, vllm_config, model_config, prefix=""):
             return model
 
+    class ProcessingLoader(OwnLoader):  # post-processes through the name vLLM's base loader calls
+        def load_model(self, vllm_config, model_config, prefix=""):
+            config = types.SimpleNamespace(word_embeddings_untied_by_checkpoint=False, quantization=None,
+                                           dtype=torch.float32)
+            base_loader.process_weights_after_loading(model, config, torch.device("cpu"))
+            return model
+
+    class DelegatingLoader(OwnLoader):  # e.g. ModelExpress: another loader's load_model, then its own step
+        def load_model(self, vllm_config, model_config, prefix=""):
+            loaded = OwnLoader(load_config=None).load_model(vllm_config, model_config)
+            plans.append("fused before the outer loader returned" if isinstance(
+                loaded.layers[0].mlp, fused_blocks.MlpComputedByNorm) else "outer step on the loaded model")
+            return loaded
+
+    return OwnLoader, ProcessingLoader, DelegatingLoader
+
+
+@pytest.mark.parametrize("kind", ["own", "processing", "delegating", "defined_after_install"])
+def test_a_loader_with_a_load_model_of_its_own_gets_the_fused_blocks(monkeypatch, kind):
+    # vLLM's tensorizer loader never calls process_weights_after_loading; its IPC loader calls its own import of
+    # it; ModelExpress delegates to another loader. Each model is planned and fused once, by the outermost call.
+    base_loader = pytest.importorskip("vllm.model_executor.model_loader.base_loader")
+    from vllm.model_executor.model_loader.tensorizer_loader import TensorizerLoader
+
+    blocks, plans = fused_blocks.FusedBlocks(), []
+    monkeypatch.setattr(vllm_blocks, "BLOCKS", blocks)
+    plan_model = vllm_blocks.plan_model
+    monkeypatch.setattr(vllm_blocks, "plan_model", lambda *a, **k: plans.append("plan") or plan_model(*a, **k))
+    model = Model([_layer(), _layer("gemma")])
+    if kind != "defined_after_install":
+        classes = _loader_classes(base_loader, model, plans)
     assert vllm_blocks.install().startswith(fused_blocks.WHAT)
-    assert {TensorizerLoader, OwnLoader} <= set(vllm_blocks.loaders_with_own_load_model(base_loader.BaseModelLoader))
-    loader = OwnLoader(load_config=None)
+    if kind == "defined_after_install":  # e.g. a plugin's loader: wrapped when its first instance is made
+        classes = _loader_classes(base_loader, model, plans)
+    else:
+        assert set(classes) | {TensorizerLoader} <= set(
+            vllm_blocks.loaders_with_own_load_model(base_loader.BaseModelLoader))
+    loader = dict(zip(["own", "processing", "delegating"], classes)).get(kind, classes[0])(load_config=None)
     assert loader.load_model(None, None) is model
     assert set(blocks.fused) == {"layers.0", "layers.1"} and blocks.engine_path == {}
     assert all(isinstance(layer.mlp, fused_blocks.MlpComputedByNorm) for layer in model.layers)
-    loader.load_model(None, None)  # the same model again: fused once, reported once
-    assert set(blocks.fused) == {"layers.0", "layers.1"}
+    assert plans == (["outer step on the loaded model", "plan"] if kind == "delegating" else ["plan"])

@@ -131,8 +131,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     the Kernel Coverage report. A weight in another dtype than x is cast once and the copy reused (one copy of
     the weight in x's dtype), so call the op once before capturing a CUDA graph. "split_k" keeps its split
     counters per stream: graphs captured on a stream that ran it share them, so replay those graphs one at a
-    time (as vLLM and SGLang do), or capture each on a fresh stream. Under autocast an fp32 x is
-    converted to the autocast dtype; the output has x's dtype.
+    time, as vLLM and SGLang do. Under autocast an fp32 x is converted to the autocast dtype; the output has
+    x's dtype.
     """
     if not _args_fit(x, weight, bias):
         _check_args(x, weight, bias)

@@ -382,7 +382,7 @@ LINEAR_MAX_M = 32
 # a stream met inside a CUDA-graph capture, zeroes a buffer of its own (a memset in the graph: correct, slower).
 # A graph captured on a stream that ran the op before reads that stream's buffer at every replay: replays of
 # such graphs must not overlap one another or that stream's work (vLLM and SGLang replay every graph on one
-# stream, one at a time); to replay graphs concurrently on several streams, capture them on fresh streams.
+# stream, one at a time).
 LINEAR_COUNTERS = 2048
 _linear_counters: dict[tuple[torch.device, int], torch.Tensor] = {}
 
