@@ -68,8 +68,13 @@ def install() -> str:
     return what + ("; QKV and output projections -> sk.ops.linear" if routed else "")
 
 
+def _config_arg(args, kwargs):
+    """The `vllm_config` argument of a loader's `load_model(vllm_config, model_config, ...)`."""
+    return kwargs.get("vllm_config", args[0] if args else None)
+
+
 def _around_load(wrapped, instance, args, kwargs):
-    _loading.append(kwargs.get("vllm_config", args[0] if args else None))
+    _loading.append(_config_arg(args, kwargs))
     try:
         return wrapped(*args, **kwargs)
     finally:
@@ -104,7 +109,8 @@ def _around_loader_init(wrapped, instance, args, kwargs):
 
 
 def _around_own_load(wrapped, instance, args, kwargs):
-    _loading.append(kwargs.get("vllm_config", args[0] if args else None))
+    config = _config_arg(args, kwargs)
+    _loading.append(config)
     try:
         model = wrapped(*args, **kwargs)
     finally:
@@ -116,7 +122,6 @@ def _around_own_load(wrapped, instance, args, kwargs):
     if isinstance(model, torch.nn.Module) and model not in _processed:
         logger.info("standardkernels: %s.load_model returned a model without vLLM's process_weights_after_loading"
                     " wrapper seeing it: its layers are planned and fused as loaded", type(instance).__name__)
-        config = kwargs.get("vllm_config", args[0] if args else None)
         _after_loading(model, config, plan_model(model, config) if BLOCKS.disabled is None else None)
     return model
 
