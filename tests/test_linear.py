@@ -72,6 +72,28 @@ def test_interpreted_kernel_matches_fp64_and_leaves_the_counters_zeroed(dtype, m
     assert counters is None or not counters.any()
 
 
+def test_captured_calls_take_split_counters_of_their_own(monkeypatch):
+    """Eager calls on a stream share that stream's persistent counters; each call captured into a CUDA graph
+    gets a zeroed slice of the device's capture block that no other call (captured or eager) reads, so graphs
+    replayed at once never count into one counter; past the block, counters of its own (zeroed in the graph)."""
+    device = torch.device("cpu")
+    eager = tk.split_counters(device, 10, captured=False)
+    assert eager is tk.linear_counters(device) and tk.split_counters(device, 40, captured=False) is eager
+    block, used = tk.capture_counters(device)
+    first, second = (tk.split_counters(device, tiles, captured=True) for tiles in (10, 20))
+    start = block.data_ptr() + 4 * used
+    assert (first.data_ptr(), first.numel()) == (start, 10)
+    assert (second.data_ptr(), second.numel()) == (start + 40, 20)
+    assert not first.any() and not second.any() and tk.capture_counters(device)[1] == used + 30
+    monkeypatch.setattr(tk, "CAPTURE_COUNTERS", used + 35)
+    past = tk.split_counters(device, 10, captured=True)
+    assert past.numel() == 10 and not past.any()
+    assert not block.data_ptr() <= past.data_ptr() < block.data_ptr() + 4 * block.numel()
+    assert past.data_ptr() != eager.data_ptr()
+    too_many = tk.split_counters(device, tk.LINEAR_COUNTERS + 1, captured=False)
+    assert too_many.numel() == tk.LINEAR_COUNTERS + 1 and too_many.data_ptr() != eager.data_ptr()
+
+
 @needs_interpreter
 def test_interpreted_op_routes_by_rows(monkeypatch):
     """Up to LINEAR_MAX_M rows the split-K kernel, above it cuBLAS (torch's linear); both counted as our op's
@@ -216,21 +238,23 @@ def test_gpu_bf16_matches_fp64_and_cublas(m, n, k):
 @pytest.mark.parametrize("m,n,k", [(1, 6144, 4096), (32, 4096, 4096)])
 @pytest.mark.parametrize("warmed_on_the_capture_stream", [True, False])
 def test_gpu_graph_replay_with_fresh_inputs(m, n, k, warmed_on_the_capture_stream):
-    """Replays of a captured call onto fresh inputs and poisoned outputs give the eager call's bits: warmed up on
-    the capture's stream (as vLLM and SGLang do), the graph reads that stream's persistent counters; captured on
-    a stream that never ran the op, it zeroes counters of its own inside the graph."""
+    """Replays of a captured call onto fresh inputs and poisoned outputs give the eager call's bits, whether or
+    not the capture's stream ran the op before (as vLLM and SGLang do): the captured call counts into a slice of
+    the device's capture block, which every replay leaves zeroed, not into a stream's persistent counters."""
     x, w, b = make(m, n, k, torch.bfloat16, device="cuda")
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad():
-        split_k(x, w, b)  # compiles the kernel (on the default stream)
+        split_k(x, w, b)  # compiles the kernel and zeroes the counters (on the default stream)
         with torch.cuda.stream(stream):
             if warmed_on_the_capture_stream:
                 split_k(x, w, b)
-            persistent = tk.linear_counters(x.device)
+            block, before = tk.capture_counters(x.device)
             with torch.cuda.graph(graph, stream=stream):
                 out = split_k(x, w, b)
-        assert (persistent is not None) == warmed_on_the_capture_stream
+        c = tk.linear_config(m, n, k, torch.cuda.get_device_properties(x.device).multi_processor_count)
+        tiles = -(-m // c.block_m) * -(-n // c.block_n)
+        assert tk.capture_counters(x.device)[1] == before + (tiles if c.split_k > 1 else 0)
         for seed in range(3):
             x.copy_(make(m, n, k, torch.bfloat16, device="cuda", seed=10 + seed)[0])
             want = split_k(x, w, b)
@@ -238,8 +262,41 @@ def test_gpu_graph_replay_with_fresh_inputs(m, n, k, warmed_on_the_capture_strea
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, want)
-        if persistent is not None:
-            assert not persistent.any()
+        assert not block.any()
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_captured_on_one_stream_replay_concurrently():
+    """Two graphs captured on one stream (warmed up there, as the engines do), replayed at the same time on two
+    streams, many times, onto fresh inputs: each replay gives its eager call's bits (they counted into counters
+    of their own; with shared ones the two kernels' arrivals mix and a tile sums too early or never)."""
+    m, n, k = 8, 6144, 4096
+    capture = torch.cuda.Stream()
+    graphs, inputs, outputs = [torch.cuda.CUDAGraph() for _ in range(2)], [], []
+    with torch.no_grad(), torch.cuda.stream(capture):
+        for i, graph in enumerate(graphs):
+            x, w, b = make(m, n, k, torch.bfloat16, device="cuda", seed=i)
+            split_k(x, w, b)
+            with torch.cuda.graph(graph, stream=capture):
+                outputs.append(split_k(x, w, b))
+            inputs.append((x, w, b))
+    streams = [torch.cuda.Stream() for _ in graphs]
+    with torch.no_grad():
+        for seed in range(20):
+            for i, (x, w, b) in enumerate(inputs):
+                x.copy_(make(m, n, k, torch.bfloat16, device="cuda", seed=100 * i + seed)[0])
+            wants = [split_k(x, w, b) for x, w, b in inputs]
+            for out in outputs:
+                out.fill_(float("nan"))
+            torch.cuda.synchronize()
+            for _ in range(4):  # back-to-back replays on both streams, overlapping one another
+                for graph, stream in zip(graphs, streams):
+                    with torch.cuda.stream(stream):
+                        graph.replay()
+            torch.cuda.synchronize()
+            for out, want in zip(outputs, wants):
+                assert torch.equal(out, want)
+    assert not tk.linear_counters(torch.device("cuda", torch.cuda.current_device())).any()
 
 
 # ------------------------------------------------------------------------------------ compiled for sm90 (any machine)

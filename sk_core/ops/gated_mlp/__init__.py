@@ -23,8 +23,9 @@ triton_kernels ← linear;
 quack_backend ← geglu_kernels ← geglu (tests/test_package.py checks there is no cycle).
 
 Internal, for benchmarks and tests (names without a leading underscore, listed in each module's docstring; no
-argument checks, no coverage decisions): `triton_kernels.forward_kernels` / `linear_kernels` / `linear_config` / `linear_counters` / `GemmConfig` / `choose_configs` /
-`fit_configs` / `fit_split` / the kernel objects, `weights.fold`, `geglu_kernels.forward_kernels` / `GemmConfig` /
+argument checks, no coverage decisions): `triton_kernels.forward_kernels` / `linear_kernels` / `linear_config` /
+`linear_counters` / `capture_counters` / `split_counters` / `GemmConfig` / `choose_configs` / `fit_configs` /
+`fit_split` / the kernel objects, `weights.fold`, `geglu_kernels.forward_kernels` / `GemmConfig` /
 `choose_configs` / `shape_class` / the config tables / the kernel objects, `geglu.fold_gate_up` /
 `folded_gate_up` / `compute_weight` / `ln_backward` / `geglu_op` / `step_graphs`, `quack_backend.available`,
 `common.cdiv` / `align` / `next_power_of_2` / `CHECK_DESCRIPTORS`. Nothing outside the package uses its private

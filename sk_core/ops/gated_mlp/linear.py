@@ -129,10 +129,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     cuBLAS above; its K splits summed in a fixed order, the same bits every run), for bf16 and fp16 on SM90 with
     N and K multiples of 8; anything else (fp32, CPU, other widths) the PyTorch reference, recorded in
     the Kernel Coverage report. A weight in another dtype than x is cast once and the copy reused (one copy of
-    the weight in x's dtype), so call the op once before capturing a CUDA graph. "split_k" keeps its split
-    counters per stream: graphs captured on a stream that ran it share them, so replay those graphs one at a
-    time, as vLLM and SGLang do. Under autocast an fp32 x is converted to the autocast dtype; the output has
-    x's dtype.
+    the weight in x's dtype), so call the op once before capturing a CUDA graph (that call also zeroes the
+    split counters each captured call then takes for itself, so graphs may be replayed concurrently). Under
+    autocast an fp32 x is converted to the autocast dtype; the output has x's dtype.
     """
     if not _args_fit(x, weight, bias):
         _check_args(x, weight, bias)

@@ -376,15 +376,18 @@ def forward_kernels(
 
 # Rows up to which `sk.ops.linear` runs the split-K kernel (the down kernel on its own); above, cuBLAS.
 LINEAR_MAX_M = 32
-# Split-K arrival counters kept per (device, stream), zeroed once and re-zeroed by the kernel itself
-# (RESET_ARRIVALS): kernels of one stream run one after the other, so they can share one buffer; another stream
-# gets its own. Enough for 2048 output tiles (N up to 131072 at 64-column tiles); a larger call, or the first on
-# a stream met inside a CUDA-graph capture, zeroes a buffer of its own (a memset in the graph: correct, slower).
-# A graph captured on a stream that ran the op before reads that stream's buffer at every replay: replays of
-# such graphs must not overlap one another or that stream's work (vLLM and SGLang replay every graph on one
-# stream, one at a time).
+# Split-K arrival counters, zeroed once and re-zeroed by the kernel itself (RESET_ARRIVALS). Eager calls share one
+# buffer per (device, stream): a stream runs its kernels one after the other. A call captured into a CUDA graph
+# takes a slice of its own from a per-device block zeroed outside any capture, so that graphs replayed at once on
+# several streams, or beside eager work on their capture stream, never share a counter. 2048 counters cover one
+# call's output tiles up to N = 131072 at 64-column tiles; the capture block's 1 << 20 (4 MiB) cover a server's
+# captures (batch sizes up to LINEAR_MAX_M × layers × projections). A larger call, a capture before any eager
+# call on the device, or one past the block zeroes counters of its own (a memset in the graph: correct, slower).
 LINEAR_COUNTERS = 2048
+CAPTURE_COUNTERS = 1 << 20
 _linear_counters: dict[tuple[torch.device, int], torch.Tensor] = {}
+_capture_blocks: dict[torch.device, torch.Tensor] = {}
+_capture_used: dict[torch.device, int] = {}
 
 
 def linear_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
@@ -398,22 +401,39 @@ def _stream_key(device: torch.device) -> tuple[torch.device, int]:
 
 
 def linear_counters(device: torch.device) -> Optional[torch.Tensor]:
-    """The persistent split-K counters of `linear_kernels` on `device`'s current stream (None before its first
-    split call there): zero between calls."""
+    """The persistent split-K counters of `linear_kernels`' eager calls on `device`'s current stream (None
+    before its first split call there): zero between calls."""
     return _linear_counters.get(_stream_key(device))
 
 
-def _counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """Zeroed split-K counters for `tiles` tiles: the current stream's persistent buffer (made outside any
-    CUDA-graph capture: a graph reads it at every replay, and the kernels leave it zeroed), else a zeroed one
-    for this call."""
-    key = _stream_key(device)
-    buffer = _linear_counters.get(key)
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if buffer is None and tiles <= LINEAR_COUNTERS and not capturing:
-        buffer = _linear_counters[key] = torch.zeros(LINEAR_COUNTERS, dtype=torch.int32, device=device)
-    if buffer is not None and tiles <= buffer.numel():
-        return buffer
+def capture_counters(device: torch.device) -> Optional[tuple[torch.Tensor, int]]:
+    """The block the captured calls' split-K counters are carved from on `device` and how many of them are taken
+    (None before the first eager split call there): zero outside the replays."""
+    return (_capture_blocks[device], _capture_used[device]) if device in _capture_blocks else None
+
+
+def split_counters(device: torch.device, tiles: int, captured: bool) -> torch.Tensor:
+    """Zeroed split-K counters for one call with `tiles` output tiles: eager, the current stream's persistent
+    buffer; `captured` (into a CUDA graph), a slice of the device's capture block that no other call reads (both
+    made outside any capture, and left zeroed by the kernels); else a zeroed tensor of the call's own."""
+    if not captured:
+        if device not in _capture_blocks:
+            with torch.inference_mode(False):  # plain tensors, whatever mode the first call runs in
+                _capture_blocks[device] = torch.zeros(CAPTURE_COUNTERS, dtype=torch.int32, device=device)
+            _capture_used[device] = 0
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # zero before a graph captured on any stream replays
+        key = _stream_key(device)
+        if key not in _linear_counters and tiles <= LINEAR_COUNTERS:
+            with torch.inference_mode(False):
+                _linear_counters[key] = torch.zeros(LINEAR_COUNTERS, dtype=torch.int32, device=device)
+        buffer = _linear_counters.get(key)
+        if buffer is not None and tiles <= buffer.numel():
+            return buffer
+    elif device in _capture_blocks and _capture_used[device] + tiles <= CAPTURE_COUNTERS:
+        used = _capture_used[device]
+        _capture_used[device] = used + tiles
+        return _capture_blocks[device][used:used + tiles]
     return torch.zeros(tiles, dtype=torch.int32, device=device)
 
 
@@ -431,8 +451,8 @@ def linear_kernels(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     c = config or linear_config(m, n, k, sm_count(x.device))
     tiles = cdiv(m, c.block_m) * cdiv(n, c.block_n)
     if c.split_k > 1:
-        partial, arrivals = torch.empty(c.split_k * m * n, dtype=torch.float32, device=x.device), _counters(
-            x.device, tiles)
+        partial, arrivals = torch.empty(c.split_k * m * n, dtype=torch.float32, device=x.device), split_counters(
+            x.device, tiles, captured=x.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
     else:
         partial, arrivals = out, out  # unread without a split
     _down_kernel[(tiles, c.split_k)](
