@@ -173,7 +173,10 @@ def watch_load_weights(model: torch.nn.Module) -> None:
 def run_then_refresh(update: Callable, model_of: Callable[[object], torch.nn.Module | None], instance, args,
                      kwargs):
     """Run an engine's weight-update entry point `update(*args, **kwargs)` (bound to `instance`), then refresh
-    the fused blocks of `model_of(instance)` once (the load_weights calls inside it defer to this)."""
+    the fused blocks of `model_of(instance)` once (the load_weights calls inside it defer to this, and so does
+    an update entry point that another one calls: vLLM's Model Runner V2 runs V1's reload_weights)."""
+    if _REFRESH_DEFERRED.get():
+        return update(*args, **kwargs)
     token = _REFRESH_DEFERRED.set(True)
     try:
         result = update(*args, **kwargs)

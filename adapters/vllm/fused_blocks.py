@@ -266,13 +266,18 @@ def watch_weight_updates() -> list[str]:
         if cls is None or not hasattr(cls, name):
             continue
         if not isinstance(cls.__dict__.get(name), wrapt.FunctionWrapper):
-            wrapt.wrap_function_wrapper(module, method, _refreshing(model_of))
+            wrapt.wrap_function_wrapper(module, method, refreshing(model_of))
         wrapped.append(f"{module_name}.{method}")
     return wrapped
 
 
-def _refreshing(model_of):
+def refreshing(model_of):
+    """A wrapt wrapper for a weight-update method: runs it, then refreshes the fused blocks of
+    `model_of(instance)`. Called through the class (`GPUModelRunnerV1.reload_weights(self, ...)`, as Model
+    Runner V2 does), wrapt gives no instance: the first argument is it."""
     def wrapper(wrapped, instance, args, kwargs):
+        if instance is None and args:
+            instance = args[0]
         return fused_blocks.run_then_refresh(wrapped, model_of, instance, args, kwargs)
     return wrapper
 

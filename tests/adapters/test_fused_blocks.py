@@ -390,6 +390,45 @@ def test_an_engine_update_refreshes_once_after_its_load_weights_calls():
     torch.testing.assert_close(layer(x, residual), stock(x, residual))
 
 
+def test_an_update_called_through_another_runners_class_refreshes_once():
+    """vLLM's Model Runner V2 reloads by calling V1's method through the class on itself (not a V1 instance):
+    wrapt then passes no instance, and the wrapper takes the runner from the first argument (on the H200 the
+    reload failed with "'NoneType' object has no attribute 'get_model'"); both methods wrapped, as
+    watch_weight_updates does, the fused blocks are refreshed once, by the outer one."""
+    import wrapt
+
+    layer, stock = _layer(), _layer()
+    model = Model([layer])
+    _fuse(model)
+
+    class RunnerV1:
+        def get_model(self):
+            raise AssertionError("not a V1 runner")
+
+        def reload_weights(self, new):
+            for name, w in new.items():
+                self.get_model().load_weights([(f"layers.0.{name}", w)])
+
+    class RunnerV2:
+        def get_model(self):
+            return model
+
+        def reload_weights(self, new):
+            RunnerV1.reload_weights(self, new)
+
+    for cls in (RunnerV1, RunnerV2):
+        wrapt.wrap_function_wrapper(cls, "reload_weights", vllm_blocks.refreshing(lambda r: r.get_model()))
+    before = sk.coverage.report()["weights_prepared"].get("fused_gated_mlp/rms", 0)
+    RunnerV2().reload_weights(_new_weights(stock))
+    after = sk.coverage.report()["weights_prepared"].get("fused_gated_mlp/rms", 0)
+    assert after == before + (1 if INTERPRETED else 0)
+    x, residual = torch.randn(3, D), torch.randn(3, D)
+    torch.testing.assert_close(layer(x, residual), stock(x, residual))
+    RunnerV1.reload_weights(RunnerV2(), _new_weights(stock, seed=2))  # the inner one alone, through its class
+    assert sk.coverage.report()["weights_prepared"].get("fused_gated_mlp/rms", 0) == after + (1 if INTERPRETED else 0)
+    torch.testing.assert_close(layer(x, residual), stock(x, residual))
+
+
 def test_vllms_weight_update_entry_points_are_wrapped():
     pytest.importorskip("vllm.v1.worker.gpu_model_runner")
     wrapped = vllm_blocks.watch_weight_updates()
