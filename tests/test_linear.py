@@ -19,6 +19,7 @@ import torch
 import sk
 from numerics import KERNEL_DEVICE, rel_err
 from sk.ops.gated_mlp import linear_reference, triton_kernels as tk
+from sk.ops.gated_mlp.common import cdiv
 
 INTERPRETED_CPU = KERNEL_DEVICE == "cpu" and sk.settings.get("triton_interpret")
 needs_interpreter = pytest.mark.skipif(not INTERPRETED_CPU, reason="needs TRITON_INTERPRET=1 on a CPU-only machine")
@@ -253,7 +254,7 @@ def test_gpu_graph_replay_with_fresh_inputs(m, n, k, warmed_on_the_capture_strea
             with torch.cuda.graph(graph, stream=stream):
                 out = split_k(x, w, b)
         c = tk.linear_config(m, n, k, torch.cuda.get_device_properties(x.device).multi_processor_count)
-        tiles = -(-m // c.block_m) * -(-n // c.block_n)
+        tiles = cdiv(m, c.block_m) * cdiv(n, c.block_n)
         assert tk.capture_counters(x.device)[1] == before + (tiles if c.split_k > 1 else 0)
         for seed in range(3):
             x.copy_(make(m, n, k, torch.bfloat16, device="cuda", seed=10 + seed)[0])
