@@ -30,7 +30,8 @@
 #   profile-MODEL-ENGINE    sk profile on it, stock: decode batch 1, 8, 64 and the 1024/128 throughput batch
 #                           ($SK_EVAL_WORKLOADS, comma-separated, replaces the workloads of selftest- and pair-;
 #                           SK_EVAL_CROSSED=1 adds --crossed: both start orders, the rounds pooled;
-#                           SK_EVAL_RESTARTS=N adds --restarts N: N engine pairs, start orders alternating)
+#                           SK_EVAL_RESTARTS=N adds --restarts N: N engine pairs, start orders alternating;
+#                           SK_EVAL_ROUNDS=N adds --rounds N, all pairs' rounds together)
 # selftest-, pair- and profile- steps also log the GPU's SM clock and power every 200 ms (nvidia-smi) into
 # gpu_clocks.csv, to line up with the batches' start times in the JSON.
 # A step writes everything into /tmp/sk-gpu/STEP and leaves in OUTDIR one archive of it, STEP.tgz (the device
@@ -95,7 +96,8 @@ case $step in
                    ${SK_EVAL_WORKLOADS:+--workloads "$SK_EVAL_WORKLOADS"})
           [ "${step%%-*}" = selftest ] && command+=(--self-test)
           [ "${SK_EVAL_CROSSED:-0}" = 1 ] && command+=(--crossed)
-          [ -n "${SK_EVAL_RESTARTS:-}" ] && command+=(--restarts "$SK_EVAL_RESTARTS") ;;
+          [ -n "${SK_EVAL_RESTARTS:-}" ] && command+=(--restarts "$SK_EVAL_RESTARTS")
+          [ -n "${SK_EVAL_ROUNDS:-}" ] && command+=(--rounds "$SK_EVAL_ROUNDS") ;;
   bench-gated-mlp)
           command=(python3 benchmarks/bench_gated_mlp.py --out "$work" --no-compile --kernels
                    --m "${SK_GATED_MLP_M:-1,8,32,128,2048}")
