@@ -24,6 +24,7 @@ What the op does not compute exactly as the engine's modules would is left on th
 from __future__ import annotations
 
 import contextvars
+import weakref
 from typing import Callable, NamedTuple
 
 import torch
@@ -341,14 +342,17 @@ class FusedBlocks:
         self.disabled: str | None = None         # why the fused blocks are off in this process
         self.projections: dict[str, str] = {}    # projection name -> its weight's shape
         self.projections_engine_path: dict[str, str] = {}  # projection name -> reason
-        self._models: list[int] = []             # id() of each model planned, in order (`scope`)
+        # Each model planned -> its number, in order (`scope`); weak, so that a model freed and another built at
+        # its address (id() reused) are two models, not one.
+        self._models: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+        self._planned = 0
 
     def scope(self, model: torch.nn.Module) -> str:
         """The prefix of `model`'s layer names in this report: none for the first model of the process, "modelK:"
         for the K-th after it (e.g. a speculative-decoding draft model, whose layers have the target's names)."""
-        if id(model) not in self._models:
-            self._models.append(id(model))
-        k = self._models.index(id(model))
+        if model not in self._models:
+            self._models[model], self._planned = self._planned, self._planned + 1
+        k = self._models[model]
         return f"model{k}:" if k else ""
 
     def report(self) -> dict:

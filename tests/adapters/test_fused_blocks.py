@@ -10,6 +10,7 @@ unsharded block; what the op does not cover keeps the engine path with the reaso
 layer in strict mode; parameter names are kept; Dynamo traces the swapped layer whole.
 In-engine checks: test_vllm_parity.py (tokens equal stock, report counts), test_vllm_strict.py.
 """
+import gc
 import types
 
 import pytest
@@ -218,11 +219,12 @@ def test_gpu_layers_without_a_kernel_keep_the_engine_path(monkeypatch):
     assert list(_fuse(unplaced).fused) == ["layers.0"]
     monkeypatch.setattr(fused_blocks, "UNJUDGED_DEVICES", ("cpu",))
     layer = _with_attention(_layer()).to("meta")
-    blocks = _fuse(Model([layer]))
+    model = Model([layer])
+    blocks = _fuse(model)
     assert blocks.fused == {} and blocks.engine_path == {
         "layers.0": "LlamaDecoderLayer: no fused_gated_mlp kernel covers it (device type 'meta' has no kernels)"}
     assert not isinstance(layer.mlp, fused_blocks.MlpComputedByNorm)
-    vllm_blocks.route_model_projections(Model([layer]), blocks=blocks, batch_invariant=False)
+    vllm_blocks.route_model_projections(model, blocks=blocks, batch_invariant=False)
     assert blocks.projections == {} and blocks.projections_engine_path["layers.0.self_attn.o_proj"] == \
         "no sk.ops.linear kernel covers it (device type 'meta' has no kernels)"
 
@@ -456,6 +458,19 @@ def test_a_second_model_in_the_process_is_reported_under_its_own_name():
         vllm_blocks.fuse_model(model, vllm_blocks.plan_model(model, cpu=False), blocks, all_reduce=lambda t: t)
     assert list(blocks.fused) == ["layers.0", "model1:layers.0", "model1:layers.1"]
     assert blocks.report()["layers_fused"] == 3
+
+
+def test_a_model_built_after_another_was_freed_is_a_model_of_its_own(monkeypatch):
+    # CPython can give a model built after another was freed the freed one's id(); the report must not take the
+    # two for one. Every id() equal here stands for that reuse.
+    monkeypatch.setattr(fused_blocks, "id", lambda obj: 1, raising=False)
+    blocks = fused_blocks.FusedBlocks()
+    first = Model([])
+    assert blocks.scope(first) == "" and blocks.scope(first) == ""
+    del first
+    gc.collect()
+    later = [Model([]) for _ in range(3)]
+    assert [blocks.scope(m) for m in later] == ["model1:", "model2:", "model3:"]
 
 
 def _loader_classes(base_loader, model, plans):
