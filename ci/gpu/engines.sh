@@ -27,8 +27,10 @@
 #   bench-gated-mlp         benchmarks/bench_gated_mlp.py with the engines' kernels importable (vLLM's _C and
 #                           sgl_kernel as peers), each sequence's kernels timed too (--kernels); three shapes at
 #                           1-2048 rows unless SK_GATED_MLP_SHAPES ("all" or names) and SK_GATED_MLP_M say otherwise
-#   profile-MODEL-ENGINE    sk profile on it, stock: decode batch 1, 8, 64 and the 1024/128 throughput batch
-#                           ($SK_EVAL_WORKLOADS, comma-separated, replaces the workloads of selftest- and pair-;
+#   profile-MODEL-ENGINE    sk profile on it, stock (SK_PROFILE_SK=1: with our adapter, --sk): decode batch 1, 8,
+#                           64 and the 1024/128 throughput batch
+#                           ($SK_EVAL_WORKLOADS, comma-separated, replaces the workloads of selftest-, pair- and
+#                           profile-;
 #                           SK_EVAL_CROSSED=1 adds --crossed: both start orders, the rounds pooled;
 #                           SK_EVAL_RESTARTS=N adds --restarts N: N engine pairs, start orders alternating;
 #                           SK_EVAL_ROUNDS=N adds --rounds N, all pairs' rounds together)
@@ -105,7 +107,8 @@ case $step in
             || command+=(--shapes "${SK_GATED_MLP_SHAPES:-llama3.2-1b,llama3-8b,gemma-2b}") ;;
   profile-*)
           command=(python3 -m sk.cli profile "$PWD/scenarios/h200-${step#profile-}.yaml" --out "$work"
-                   --workloads LLM.decode_batch_1,LLM.decode_batch_8,LLM.decode_batch_64,LLM.throughput) ;;
+                   --workloads "${SK_EVAL_WORKLOADS:-LLM.decode_batch_1,LLM.decode_batch_8,LLM.decode_batch_64,LLM.throughput}")
+          [ "${SK_PROFILE_SK:-0}" = 1 ] && command+=(--sk) ;;
   *)      echo "unknown step $step" >&2; exit 2 ;;
 esac
 # Stopped in time for the archive to be written within the device tool's 10 minutes.
