@@ -3,8 +3,8 @@
 Pure functions on the trace's JSON (Chrome trace format, as `torch.profiler.profile.export_chrome_trace` and
 SGLang's profiler write it): `classify(name)` puts a kernel in one of CLASSES by its name, `summarize_trace`
 sums device time per class, the idle gaps between kernels, and kernels per engine step. On a GPU the events
-are the device's kernels (category "kernel"); on a CPU engine they are the CPU ops (category "cpu_op"), each
-counted for its exclusive time, labelled as CPU.
+are the device's kernels (category "kernel"), each counted for the time no earlier kernel runs (`exclusive_us`);
+on a CPU engine they are the CPU ops (category "cpu_op"), each counted for its exclusive time, labelled as CPU.
 """
 from __future__ import annotations
 
@@ -56,12 +56,13 @@ def _events(trace: dict | list) -> list[dict]:
 
 
 def device_events(trace: dict | list) -> tuple[str, list[dict]]:
-    """("cuda", the GPU kernels) when the trace has any, else ("cpu", every CPU op with its exclusive time,
-    "self": its duration less its children's on the same thread, so that nested ops are not counted twice)."""
+    """("cuda", the GPU kernels, each with "self": its time that no earlier kernel overlaps, `exclusive_us`) when
+    the trace has any, else ("cpu", every CPU op with its exclusive time, "self": its duration less its
+    children's on the same thread, so that nested ops are not counted twice)."""
     complete = [e for e in _events(trace) if e.get("ph") == "X" and "dur" in e]
     kernels = [e for e in complete if e.get("cat") == "kernel"]
     if kernels:
-        return "cuda", kernels
+        return "cuda", exclusive_us(kernels)
     ops = sorted((dict(e) for e in complete if e.get("cat") == "cpu_op"),
                  key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"]))
     stack: list[dict] = []
@@ -74,6 +75,19 @@ def device_events(trace: dict | list) -> tuple[str, list[dict]]:
             stack[-1]["self"] -= e["dur"]
         stack.append(e)
     return "cpu", ops
+
+
+def exclusive_us(kernels: list[dict]) -> list[dict]:
+    """The kernels in start order, each with "self": the part of its duration when no earlier kernel runs.
+    Kernels overlap where a dependent launch (PDL) starts before its predecessor ends and waits for it, or on two
+    streams; summed whole they would count that time twice (a step's GPU time above its wall time). Counted this
+    way the kernels sum to the time the GPU runs any, and a waiting kernel's wait goes to the one it waits on."""
+    out, end = [], None
+    for e in sorted(kernels, key=lambda e: (e["ts"], -e["dur"])):
+        start, stop = e["ts"], e["ts"] + e["dur"]
+        out.append(dict(e, self=max(0.0, stop - max(start, end if end is not None else start))))
+        end = stop if end is None else max(end, stop)
+    return out
 
 
 def idle_gaps_us(events: list[dict]) -> float:
@@ -100,11 +114,12 @@ def summarize_trace(trace: dict | list, *, steps: int | None, device: str | None
         n["us"] += us
         n["count"] += 1
     busy = sum(c["us"] for c in classes.values())
+    overlapped = sum(e["dur"] for e in events) - busy if found == "cuda" else 0.0
     for c in classes.values():
         c["share"] = c["us"] / busy if busy else 0.0
     window = (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) if events else 0.0
     top = sorted(names.items(), key=lambda kv: -kv[1]["us"])[:15]
     return {"device": device or found, "events_from": found, "kernels": len(events), "steps": steps,
             "kernels_per_step": len(events) / steps if steps else None, "busy_us": busy,
-            "idle_gap_us": idle_gaps_us(events), "window_us": window, "classes": classes,
+            "idle_gap_us": idle_gaps_us(events), "window_us": window, "overlapped_us": overlapped, "classes": classes,
             "top_kernels": [{"name": k[:200], **v} for k, v in top]}
