@@ -32,6 +32,7 @@ _OPS_RESULTS = ("h200/gated_mlp/README.md", "h200/ops/README.md", "h200/ops/ops_
 RESULT_FILES: dict[str, tuple[str, ...]] = {
     "vllm": (
         "h200/engines/README.md",
+        "h200/engines/2026-12-05/vllm-export-fused/export_check.md",
         "h200/engines/2026-11-30/second-run/vllm_tp2_trained_llama.md",
         "h200/engines/2026-11-30/second-run/vllm_trained.md",
         "h200/engines/2026-11-30/second-run/vllm_llama.md",
@@ -43,6 +44,7 @@ RESULT_FILES: dict[str, tuple[str, ...]] = {
     ),
     "sglang": (
         "h200/engines/README.md",
+        "h200/engines/2026-12-05/sglang-export-fused/export_check.md",
         "h200/engines/2026-11-30/second-run/sglang_trained.md",
         "h200/engines/2026-11-30/second-run/sglang_llama.md",
         "h200/engines/2026-11-30/sglang_export_check.md",
