@@ -106,8 +106,9 @@ case $step in
           [ "${SK_GATED_MLP_SHAPES:-}" = all ] \
             || command+=(--shapes "${SK_GATED_MLP_SHAPES:-llama3.2-1b,llama3-8b,gemma-2b}") ;;
   profile-*)
+          workloads=LLM.decode_batch_1,LLM.decode_batch_8,LLM.decode_batch_64,LLM.throughput
           command=(python3 -m sk.cli profile "$PWD/scenarios/h200-${step#profile-}.yaml" --out "$work"
-                   --workloads "${SK_EVAL_WORKLOADS:-LLM.decode_batch_1,LLM.decode_batch_8,LLM.decode_batch_64,LLM.throughput}")
+                   --workloads "${SK_EVAL_WORKLOADS:-$workloads}")
           [ "${SK_PROFILE_SK:-0}" = 1 ] && command+=(--sk) ;;
   *)      echo "unknown step $step" >&2; exit 2 ;;
 esac
