@@ -37,6 +37,11 @@ def profile_table(scenario: scenarios.Scenario, variant: str, rows: dict[str, di
         table.add_row(token, str(r["steps"] or "-"), f"{r['busy_us'] / 1e3:,.1f}",
                       *(f"{r['classes'][c]['us'] / 1e3:,.1f} ({r['classes'][c]['share'] * 100:.0f}%)" for c in CLASSES),
                       f"{r['idle_gap_us'] / 1e3:,.1f}", per_step)
+    overlapped = {token: r["overlapped_us"] for token, r in rows.items() if r.get("overlapped_us")}
+    if overlapped:
+        table.caption = ("kernels that overlapped (dependent launches, streams) count once, for the one that began "
+                         "first: " + ", ".join(f"{token} {us / 1e3:,.1f} ms" for token, us in overlapped.items()))
+        table.caption_justify = "left"
     return table
 
 

@@ -106,3 +106,19 @@ def test_overlapping_kernels_count_once_and_the_wait_goes_to_the_kernel_waited_o
     assert summary["busy_us"] == 20.0 == summary["window_us"] - summary["idle_gap_us"]
     assert summary["overlapped_us"] == 26.0 - 20.0
     assert {k["name"]: k["us"] for k in summary["top_kernels"]}["_gate_up_kernel"] == 8.0
+
+
+def test_the_profile_table_says_how_much_overlapped():
+    from rich.console import Console
+
+    from sk.workflow import profile, scenarios
+
+    def kernel(name, ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+    summary = summarize_trace([kernel("_rms_norm_kernel", 0.0, 4000.0), kernel("_down_kernel", 1000.0, 5000.0)],
+                              steps=1)
+    scenario = scenarios.Scenario.model_validate({"model": "sk-tiny/llama", "engine": "vllm", "dtype": "bfloat16",
+                                                  "workloads": ["LLM.decode_batch_1"]})
+    console = Console(width=250, record=True)
+    console.print(profile.profile_table(scenario, "stock", {"LLM.decode_batch_1": summary}))
+    assert "count once, for the one that began first: LLM.decode_batch_1 3.0 ms" in console.export_text()
