@@ -3,7 +3,7 @@
 # working tree (64 MiB in all, the tree included): ../shared/gpu/stage-wheels.sh makes 58 MB folders, too big
 # with the tree, so its wheels are rejoined and re-packed here into folders of at most PART_MB MB. The default
 # leaves 8 MB for the tree to grow: 64 MiB less the tree's files now (tracked and untracked, not ignored), less
-# 8 MB (the 46 MB parts of 2026-12-05 fitted the 25.8 MB tree by 0.1 MB).
+# 8 MB (the 42 MB parts of 2026-12-05 fitted the 25.8 MB tree by 0.1 MB).
 #
 #   bash ci/gpu/stage.sh DEST vllm [sglang ...] [FOLDER ...]   # DEST/part1 ... DEST/partN; install.sh in part1
 #
