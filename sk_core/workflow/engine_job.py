@@ -171,10 +171,10 @@ class VllmEngine:
     def capture_operators(self) -> list[dict]:
         return self.rank0("sk_capture_operators")
 
-    def profile(self, run) -> dict:
+    def profile(self, run, keep: str | None = None) -> dict:
         self.llm.collective_rpc("sk_profile_start")
         run()
-        return self.rank0("sk_profile_stop")
+        return self.llm.collective_rpc("sk_profile_stop", args=(keep,))[0]
 
     def candidates_replaced(self):
         return self.rank0("sk_candidates_replaced")
@@ -266,10 +266,10 @@ class SglangEngine:
 
         return self._states()[0].get(STATE_KEY, [])
 
-    def profile(self, run) -> dict:
+    def profile(self, run, keep: str | None = None) -> dict:
         import glob
 
-        from sk.workflow.kernel_profile import load_trace, summarize_trace
+        from sk.workflow.kernel_profile import load_trace, summarize_trace, write_trace
 
         seen = set(glob.glob(os.path.join(self.profile_dir, "**", "*.trace.json*"), recursive=True))
         try:
@@ -286,7 +286,10 @@ class SglangEngine:
                                    f"{TRACE_WAIT_S} s")
             time.sleep(1)
         time.sleep(2)  # the scheduler may still be writing the file it just created
-        return summarize_trace(load_trace(traces[0]), steps=steps, device="cuda")
+        trace = load_trace(traces[0])
+        if keep:
+            write_trace(trace, keep.replace("{rank}", "0"))
+        return summarize_trace(trace, steps=steps, device="cuda")
 
     def candidates_replaced(self):
         return None
@@ -357,7 +360,9 @@ class Server:
     def capture(self) -> list[dict]:
         return self.engine.capture_operators()
 
-    def profile(self, workload: str) -> dict:
+    def profile(self, workload: str, keep: str | None = None) -> dict:
+        """One batch of `workload` under the profiler: the summary; `keep` (a path, "{rank}" in it the rank): where
+        the trace's device events go."""
         requests = self.requests(workload)
         # The engine's own step count where it has one (vLLM's worker); else a fixed batch's, one step per
         # generated token (a throughput batch's is unknown).
@@ -368,7 +373,7 @@ class Server:
             return steps
 
         self.engine.reset_prefix_cache()  # the warm-up batch left these prompts cached
-        return self.engine.profile(run)
+        return self.engine.profile(run, keep)
 
     def info(self) -> dict:
         return {"environment": self.engine.environment(),

@@ -43,6 +43,18 @@ def classify(name: str) -> str:
     return "other"
 
 
+def write_trace(trace: dict | list, path: str | Path) -> Path:
+    """The trace's device events (`device_events`: the GPU kernels, else the CPU ops) as a Chrome trace, gzipped:
+    what `summarize_trace` reads, small enough to keep beside the results, and opened by Perfetto."""
+    _, events = device_events(trace)
+    keep = ("ph", "cat", "name", "ts", "dur", "pid", "tid")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": [{k: e[k] for k in keep if k in e} for e in events]}, f)
+    return path
+
+
 def load_trace(path: str | Path) -> dict:
     """A Chrome trace file (.json or .json.gz)."""
     path = Path(path)

@@ -94,7 +94,10 @@ def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool
             workloads = {}
             for token in scenario.workloads:
                 engine.call("batch", description=f"{token} warm-up", workload=token)
-                workloads[token] = engine.call("profile", description=f"{token} profiled", workload=token)
+                trace = out_dir / "traces" / f"{stem}.{scenario.slug}.{token}.rank{{rank}}.trace.json.gz"
+                workloads[token] = engine.call("profile", description=f"{token} profiled", workload=token,
+                                               keep=str(trace.resolve()))
+                workloads[token]["trace"] = str(trace).replace("{rank}", "0")
             environment = engine.call("info")["environment"]
         result = {"scenario": scenario.model_dump(), "environment": environment, "workloads": workloads}
         console.print(profile_table(scenario, variant, workloads))
@@ -110,4 +113,5 @@ def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool
     json_path = out_dir / f"{stem}.profile.json"
     json_path.write_text(json.dumps(document, indent=1) + "\n")
     chart = write_chart(document, out_dir / f"{stem}.profile.png")
-    console.print(f"results: {json_path}" + (f", {chart}" if chart else " (no PNG: matplotlib is not installed)"))
+    console.print(f"results: {json_path}" + (f", {chart}" if chart else " (no PNG: matplotlib is not installed)")
+                  + f"; each batch's kernels (Chrome traces, Perfetto opens them): {out_dir / 'traces'}/")

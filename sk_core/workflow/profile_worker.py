@@ -2,7 +2,8 @@
 
 `LLM.collective_rpc("sk_profile_start")` starts torch.profiler in the worker (the process that runs the model's
 kernels) and counts the engine steps it executes; `sk_profile_stop` stops it and returns the trace's summary
-(sk.workflow.kernel_profile). CUDA: the device's kernels, CUDA graph replays included; CPU: the CPU ops.
+(sk.workflow.kernel_profile), and keeps the trace's device events where asked. CUDA: the device's kernels, CUDA
+graph replays included; CPU: the CPU ops.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import tempfile
 
 import torch
 
-from sk.workflow.kernel_profile import summarize_trace
+from sk.workflow.kernel_profile import summarize_trace, write_trace
 
 
 class StepProfiler:
@@ -34,7 +35,8 @@ class StepProfiler:
         self._sk_profiler = torch.profiler.profile(activities=activities)
         self._sk_profiler.__enter__()
 
-    def sk_profile_stop(self) -> dict:
+    def sk_profile_stop(self, keep: str | None = None) -> dict:
+        """The summary; `keep`: a path for the trace's device events, "{rank}" in it this worker's rank."""
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self._sk_profiler.__exit__(None, None, None)
@@ -47,4 +49,6 @@ class StepProfiler:
                 trace = json.load(f)
         finally:
             os.unlink(path)
+        if keep:
+            write_trace(trace, keep.replace("{rank}", str(getattr(self, "rank", 0))))
         return summarize_trace(trace, steps=self._sk_steps, device="cuda" if torch.cuda.is_available() else "cpu")

@@ -58,8 +58,9 @@ class _RecordingEngine:
     def batch(self, requests):
         return self.generate(requests, progress=True)[0], {}
 
-    def profile(self, run):
+    def profile(self, run, keep=None):
         self.log.append("profile")
+        self.kept = keep
         run()
         return {}
 
@@ -79,8 +80,9 @@ def test_each_timed_batch_starts_from_an_empty_prefix_cache(server):
 
 def test_the_profiled_batch_starts_from_an_empty_prefix_cache(server):
     server.batch("LLM.decode_batch_1")  # the warm-up
-    server.profile("LLM.decode_batch_1")
+    server.profile("LLM.decode_batch_1", keep="/out/traces/x.rank{rank}.trace.json.gz")
     assert server.engine.log == ["reset", "generate", "reset", "profile", "generate"]
+    assert server.engine.kept == "/out/traces/x.rank{rank}.trace.json.gz"  # the engine's ranks fill it in
 
 
 class _Flushing:

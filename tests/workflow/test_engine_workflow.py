@@ -132,3 +132,20 @@ def test_self_test_pairs_the_stock_engine_with_itself_on_the_trained_model(runs,
     (row,) = result["scenarios"][0]["rows"]
     assert row["matches"] == row["sequences"] == 1 and row["rounds"] == 4
     assert result["scenarios"][0]["environment"]["device"] == "cpu"  # CPU timings: the interval is not asserted
+
+
+def test_profile_tabulates_each_batch_and_keeps_its_trace(runs):
+    from sk.workflow.kernel_profile import load_trace, summarize_trace
+
+    work = runs[0]
+    result = sk("profile", "tiny.yaml", *LIMITS, "--workloads", "LLM.single_request", "--enforce-eager", "--out",
+                "prof", cwd=work)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WHERE THE TIME GOES" in result.stdout and "CPU engine" in result.stdout
+    document = json.loads((work / "prof" / "tiny.profile.json").read_text())
+    row = document["scenarios"][0]["workloads"]["LLM.single_request"]
+    assert row["device"] == "cpu" and row["kernels"] > 0 and row["busy_us"] > 0
+    trace = work / row["trace"]
+    assert trace.name.endswith(".rank0.trace.json.gz") and trace.is_file()
+    again = summarize_trace(load_trace(trace), steps=row["steps"], device=row["device"])
+    assert again["kernels"] == row["kernels"] and again["classes"] == row["classes"]
