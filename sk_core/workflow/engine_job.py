@@ -161,9 +161,9 @@ class VllmEngine:
     def reset_prefix_cache(self) -> None:
         _until_done(self.llm.reset_prefix_cache, "vLLM's reset_prefix_cache()")
 
-    def rank0(self, method: str):
+    def rank0(self, method: str, *args):
         # Rank 0's answer: with tensor parallelism every rank runs the same operators on its shard.
-        return self.llm.collective_rpc(method)[0]
+        return self.llm.collective_rpc(method, args=args)[0]
 
     def capture_reset(self) -> None:
         self.llm.collective_rpc("sk_capture_reset")
@@ -174,7 +174,7 @@ class VllmEngine:
     def profile(self, run, keep: str | None = None) -> dict:
         self.llm.collective_rpc("sk_profile_start")
         run()
-        return self.llm.collective_rpc("sk_profile_stop", args=(keep,))[0]
+        return self.rank0("sk_profile_stop", keep)
 
     def candidates_replaced(self):
         return self.rank0("sk_candidates_replaced")
@@ -269,7 +269,7 @@ class SglangEngine:
     def profile(self, run, keep: str | None = None) -> dict:
         import glob
 
-        from sk.workflow.kernel_profile import load_trace, summarize_trace, write_trace
+        from sk.workflow.kernel_profile import load_trace, rank_path, summarize_trace, write_trace
 
         seen = set(glob.glob(os.path.join(self.profile_dir, "**", "*.trace.json*"), recursive=True))
         try:
@@ -288,7 +288,7 @@ class SglangEngine:
         time.sleep(2)  # the scheduler may still be writing the file it just created
         trace = load_trace(traces[0])
         if keep:
-            write_trace(trace, keep.replace("{rank}", "0"))
+            write_trace(trace, rank_path(keep, 0))
         return summarize_trace(trace, steps=steps, device="cuda")
 
     def candidates_replaced(self):

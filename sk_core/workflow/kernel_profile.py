@@ -43,6 +43,11 @@ def classify(name: str) -> str:
     return "other"
 
 
+def rank_path(template: str, rank: int) -> str:
+    """A kept trace's path for one rank: `template` with "{rank}" in it (as `sk profile` names the files)."""
+    return template.replace("{rank}", str(rank))
+
+
 def write_trace(trace: dict | list, path: str | Path) -> Path:
     """The trace's device events (`device_events`: the GPU kernels, else the CPU ops) as a Chrome trace, gzipped:
     what `summarize_trace` reads, small enough to keep beside the results, and opened by Perfetto."""

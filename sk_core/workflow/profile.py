@@ -19,7 +19,7 @@ from rich.table import Table
 from sk import settings
 from sk.workflow import scenarios
 from sk.workflow.engine_runner import EngineProcess, progress_bars
-from sk.workflow.kernel_profile import CLASSES
+from sk.workflow.kernel_profile import CLASSES, rank_path
 
 SCHEMA = "standardkernels.profile/1"
 
@@ -97,7 +97,7 @@ def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool
                 trace = out_dir / "traces" / f"{stem}.{scenario.slug}.{token}.rank{{rank}}.trace.json.gz"
                 workloads[token] = engine.call("profile", description=f"{token} profiled", workload=token,
                                                keep=str(trace.resolve()))
-                workloads[token]["trace"] = str(trace).replace("{rank}", "0")
+                workloads[token]["trace"] = rank_path(str(trace), 0)
             environment = engine.call("info")["environment"]
         result = {"scenario": scenario.model_dump(), "environment": environment, "workloads": workloads}
         console.print(profile_table(scenario, variant, workloads))
