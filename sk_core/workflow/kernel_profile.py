@@ -95,12 +95,14 @@ def device_events(trace: dict | list) -> tuple[str, list[dict]]:
 
 
 def _in_start_order(events: list[dict]):
-    """(event, the latest end of the events before it, None for the first), the events in start order (the longer
-    first where two start together): one sweep for what overlaps (`exclusive_us`) and what is idle (`idle_gaps_us`)."""
-    end = None
-    for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+    """(event, the latest end of the events before it: the first one's start for the first), the events in start
+    order (the longer first where two start together): one sweep for what overlaps (`exclusive_us`) and what is
+    idle (`idle_gaps_us`)."""
+    ordered = sorted(events, key=lambda e: (e["ts"], -e["dur"]))
+    end = ordered[0]["ts"] if ordered else 0.0
+    for e in ordered:
         yield e, end
-        end = e["ts"] + e["dur"] if end is None else max(end, e["ts"] + e["dur"])
+        end = max(end, e["ts"] + e["dur"])
 
 
 def exclusive_us(kernels: list[dict]) -> list[dict]:
@@ -108,13 +110,12 @@ def exclusive_us(kernels: list[dict]) -> list[dict]:
     Kernels overlap where a dependent launch (PDL) starts before its predecessor ends and waits for it, or on two
     streams; summed whole they would count that time twice (a step's GPU time above its wall time). Counted this
     way the kernels sum to the time the GPU runs any, and a waiting kernel's wait goes to the one it waits on."""
-    return [dict(e, self=max(0.0, e["ts"] + e["dur"] - max(e["ts"], e["ts"] if end is None else end)))
-            for e, end in _in_start_order(kernels)]
+    return [dict(e, self=max(0.0, e["ts"] + e["dur"] - max(e["ts"], end))) for e, end in _in_start_order(kernels)]
 
 
 def idle_gaps_us(events: list[dict]) -> float:
     """The time between the first event's start and the last one's end when no event runs."""
-    return sum(max(0.0, e["ts"] - end) for e, end in _in_start_order(events) if end is not None)
+    return sum(max(0.0, e["ts"] - end) for e, end in _in_start_order(events))
 
 
 def summarize_trace(trace: dict | list, *, steps: int | None, device: str | None = None) -> dict:
