@@ -269,7 +269,7 @@ class SglangEngine:
     def profile(self, run, keep: str | None = None) -> dict:
         import glob
 
-        from sk.workflow.kernel_profile import load_trace, rank_path, summarize_trace, write_trace
+        from sk.workflow.kernel_profile import load_trace, rank_path, summarize_trace
 
         seen = set(glob.glob(os.path.join(self.profile_dir, "**", "*.trace.json*"), recursive=True))
         try:
@@ -286,10 +286,7 @@ class SglangEngine:
                                    f"{TRACE_WAIT_S} s")
             time.sleep(1)
         time.sleep(2)  # the scheduler may still be writing the file it just created
-        trace = load_trace(traces[0])
-        if keep:
-            write_trace(trace, rank_path(keep, 0))
-        return summarize_trace(trace, steps=steps, device="cuda")
+        return summarize_trace(load_trace(traces[0]), steps=steps, device="cuda", keep=keep and rank_path(keep, 0))
 
     def candidates_replaced(self):
         return None

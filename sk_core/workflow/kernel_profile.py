@@ -1,10 +1,11 @@
 """Where a step's time goes: device kernels from a torch profiler trace, classified by name, summed per class.
 
-Pure functions on the trace's JSON (Chrome trace format, as `torch.profiler.profile.export_chrome_trace` and
-SGLang's profiler write it): `classify(name)` puts a kernel in one of CLASSES by its name, `summarize_trace`
-sums device time per class, the idle gaps between kernels, and kernels per engine step. On a GPU the events
-are the device's kernels (category "kernel"), each counted for the time no earlier kernel runs (`exclusive_us`);
-on a CPU engine they are the CPU ops (category "cpu_op"), each counted for its exclusive time, labelled as CPU.
+Functions on the trace's JSON (Chrome trace format, as `torch.profiler.profile.export_chrome_trace` and SGLang's
+profiler write it): `classify(name)` puts a kernel in one of CLASSES by its name, `summarize_trace` sums device
+time per class, the idle gaps between kernels, and kernels per engine step, and where asked writes the device
+events to a gzipped trace file (`sk profile`'s traces/). On a GPU the events are the device's kernels (category
+"kernel"), each counted for the time no earlier kernel runs (`exclusive_us`); on a CPU engine they are the CPU
+ops (category "cpu_op"), each counted for its exclusive time, labelled as CPU.
 """
 from __future__ import annotations
 
@@ -48,16 +49,14 @@ def rank_path(template: str, rank: int) -> str:
     return template.replace("{rank}", str(rank))
 
 
-def write_trace(trace: dict | list, path: str | Path) -> Path:
-    """The trace's device events (`device_events`: the GPU kernels, else the CPU ops) as a Chrome trace, gzipped:
-    what `summarize_trace` reads, small enough to keep beside the results, and opened by Perfetto."""
-    _, events = device_events(trace)
-    keep = ("ph", "cat", "name", "ts", "dur", "pid", "tid")
+def _write_events(events: list[dict], path: str | Path) -> None:
+    """Device events (`device_events`) as a gzipped Chrome trace: what `summarize_trace` reads, small enough to
+    keep beside the results, and opened by Perfetto."""
+    fields = ("ph", "cat", "name", "ts", "dur", "pid", "tid")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt") as f:
-        json.dump({"traceEvents": [{k: e[k] for k in keep if k in e} for e in events]}, f)
-    return path
+        json.dump({"traceEvents": [{k: e[k] for k in fields if k in e} for e in events]}, f)
 
 
 def load_trace(path: str | Path) -> dict:
@@ -118,10 +117,14 @@ def idle_gaps_us(events: list[dict]) -> float:
     return sum(max(0.0, e["ts"] - end) for e, end in _in_start_order(events))
 
 
-def summarize_trace(trace: dict | list, *, steps: int | None, device: str | None = None) -> dict:
+def summarize_trace(trace: dict | list, *, steps: int | None, device: str | None = None,
+                    keep: str | Path | None = None) -> dict:
     """Per class: device time (µs), share of the classified time, event count; plus idle gaps and kernels per
-    step. `steps`: engine steps inside the trace (None when unknown)."""
+    step. `steps`: engine steps inside the trace (None when unknown). `keep`: a path where the trace's device
+    events (the GPU kernels, else the CPU ops) are written as a gzipped Chrome trace, which sums to the same."""
     found, events = device_events(trace)
+    if keep:
+        _write_events(events, keep)
     classes = {cls: {"us": 0.0, "count": 0} for cls in CLASSES}
     names: dict[str, dict] = {}
     for e in events:

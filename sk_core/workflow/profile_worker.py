@@ -13,7 +13,7 @@ import tempfile
 
 import torch
 
-from sk.workflow.kernel_profile import rank_path, summarize_trace, write_trace
+from sk.workflow.kernel_profile import rank_path, summarize_trace
 
 
 class StepProfiler:
@@ -49,6 +49,5 @@ class StepProfiler:
                 trace = json.load(f)
         finally:
             os.unlink(path)
-        if keep:
-            write_trace(trace, rank_path(keep, getattr(self, "rank", 0)))
-        return summarize_trace(trace, steps=self._sk_steps, device="cuda" if torch.cuda.is_available() else "cpu")
+        return summarize_trace(trace, steps=self._sk_steps, device="cuda" if torch.cuda.is_available() else "cpu",
+                               keep=keep and rank_path(keep, getattr(self, "rank", 0)))

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from sk.workflow.kernel_profile import CLASSES, classify, load_trace, summarize_trace, write_trace
+from sk.workflow.kernel_profile import CLASSES, classify, load_trace, summarize_trace
 
 TRACE = Path(__file__).parent / "data" / "decode_trace.json"
 
@@ -128,7 +128,8 @@ def test_the_kept_trace_holds_the_device_events_and_summarizes_the_same(tmp_path
     trace = load_trace(TRACE)
     trace["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 5.0, "pid": 1,
                                  "tid": 1, "args": {"a": "host ops stay out"}})
-    kept = write_trace(trace, tmp_path / "traces" / "t.trace.json.gz")
+    kept = tmp_path / "traces" / "t.trace.json.gz"
+    summary = summarize_trace(trace, steps=2, keep=kept)
     again = load_trace(kept)
     assert {e["cat"] for e in again["traceEvents"]} == {"kernel"} and not any("args" in e for e in again["traceEvents"])
-    assert summarize_trace(again, steps=2) == summarize_trace(trace, steps=2)
+    assert summarize_trace(again, steps=2) == summary == summarize_trace(trace, steps=2)
