@@ -91,6 +91,12 @@ class FusedNormMLP(torch.nn.Module):
         return sk.ops.gated_mlp.prepare_weights(self.weight, gate_up.weight, norm=self.sk_plan.norm,
                                                 gate_up_bias=gate_up.bias, refresh=refresh)
 
+    def copy_bytes(self) -> int:
+        """The memory the prepared gate/up copy holds: the size of gate/up (in the weight's dtype, the engines'
+        compute dtype), on top of the engine's own gate/up, which stays for batches above the fused kernels' rows."""
+        weight = self.sk_mlp.gate_up_proj.weight
+        return weight.numel() * weight.element_size()
+
     def extra_repr(self) -> str:
         p = self.sk_plan
         return f"{self.sk_layer}: {WHAT} (norm={p.norm}, activation={p.activation}, eps={p.eps}, reduce={p.reduce})"
@@ -342,6 +348,7 @@ class FusedBlocks:
         self.disabled: str | None = None         # why the fused blocks are off in this process
         self.projections: dict[str, str] = {}    # projection name -> its weight's shape
         self.projections_engine_path: dict[str, str] = {}  # projection name -> reason
+        self.prepared_bytes = 0                  # held by the fused blocks' prepared gate/up copies (`prepare`)
         # Each model planned -> its number, in order (`scope`); weak, so that a model freed and another built at
         # its address (id() reused) are two models, not one.
         self._models: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
@@ -355,6 +362,13 @@ class FusedBlocks:
         k = self._models[model]
         return f"model{k}:" if k else ""
 
+    def prepare(self, fused: FusedNormMLP) -> bool:
+        """Make `fused`'s prepared gate/up copy now (`FusedNormMLP.prepare`) and count the memory it holds."""
+        made = fused.prepare()
+        if made:
+            self.prepared_bytes += fused.copy_bytes()
+        return made
+
     def report(self) -> dict:
         coverage = sk.coverage.report()
         calls = {op: n for op, n in coverage["kernel_calls"].items() if op.startswith("fused_gated_mlp")}
@@ -366,7 +380,7 @@ class FusedBlocks:
                     "fallback_reasons": sorted({f["reason"] for f in found})}
         return {"enabled": self.disabled is None, "disabled": self.disabled, "what": WHAT,
                 "layers_fused": len(self.fused), "fused": dict(self.fused), "engine_path": dict(self.engine_path),
-                "kernel_calls": calls, "weights_prepared": prepared,
+                "kernel_calls": calls, "weights_prepared": prepared, "prepared_bytes": self.prepared_bytes,
                 **fallbacks(lambda op: op.startswith("fused_gated_mlp")),
                 "projections": {"routed": len(self.projections), "engine_path": dict(self.projections_engine_path),
                                 "kernel_calls": coverage["kernel_calls"].get(LINEAR, 0),

@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 from typing import Callable
 
 import torch
 
-from sk import settings
+from sk import reports, settings
 from sk.adapters import fused_blocks
 from sk.adapters.fused_blocks import FusedBlocks, Plan
 
+logger = logging.getLogger(__name__)
 BLOCKS = FusedBlocks()
 UNQUANTIZED = ("UnquantizedLinearMethod",)
 # module -> decoder layer class -> the norm fused with `mlp`.
@@ -102,7 +104,10 @@ def prepare_model(model: torch.nn.Module, blocks: FusedBlocks | None = None) -> 
             blocks.fused.pop(fused.sk_layer, None)
             fused_blocks.left_on_engine_path(blocks, fused.sk_layer, type(layer).__name__, miss, "SGLang")
             continue
-        made += fused.prepare()
+        made += blocks.prepare(fused)
+    if made:
+        logger.info("standardkernels fused blocks: %s, made before SGLang sizes its memory pools",
+                    reports.copies_held(blocks.prepared_bytes))
     return made
 
 

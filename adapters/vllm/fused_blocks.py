@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from sk import settings
+from sk import reports, settings
 from sk.adapters import fused_blocks
 from sk.adapters.fused_blocks import FusedBlocks, Plan
 from sk.adapters.vllm import support
@@ -208,16 +208,18 @@ def fuse_model(model: torch.nn.Module, plans: dict[str, Plan | str] | None = Non
         record_for_reloading(getattr(layer, plan.norm_attr))
         # The folded gate/up copy now, while vLLM loads the model: its profile run (above the fused kernels'
         # rows) would not make it, and vLLM sizes the KV cache from the memory that run leaves.
-        getattr(layer, plan.norm_attr).prepare()
+        blocks.prepare(getattr(layer, plan.norm_attr))
         blocks.fused[scope + name] = (f"{cls.__name__}: {plan.norm_attr} + mlp, norm={plan.norm}, "
                                       f"activation={plan.activation}")
     if any(isinstance(m, fused_blocks.FusedNormMLP) for m in model.modules()):
         fused_blocks.watch_load_weights(model)
         watch_weight_updates()
     if blocks.fused or blocks.engine_path:
-        logger.info("standardkernels fused blocks: %d decoder layers fused, %d on vLLM's path%s",
+        logger.info("standardkernels fused blocks: %d decoder layers fused, %d on vLLM's path%s%s",
                     len(blocks.fused), len(blocks.engine_path),
-                    "".join(f"; {k}: {v}" for k, v in list(blocks.engine_path.items())[:3]))
+                    "".join(f"; {k}: {v}" for k, v in list(blocks.engine_path.items())[:3]),
+                    f"; {reports.copies_held(blocks.prepared_bytes)}, made before vLLM sizes its KV cache"
+                    if blocks.prepared_bytes else "")
     return blocks
 
 

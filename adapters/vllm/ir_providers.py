@@ -32,9 +32,12 @@ def _fused_add_rms_norm(
 
 
 # Partial-width variance and weightless norms have no sk op; vLLM then takes the next provider in priority.
+# Per-head norms (x of 3 or more dims: Qwen3's q/k norms on views of the QKV output) stay with
+# vLLM's: Inductor fuses them with the split and rotary around them, where ours would add a launch and a copy of
+# the strided view per norm (part of Qwen3-8B-shaped decode's loss with them ours: results/h100/engines/README.md).
 # vLLM requires each op's own parameter names here too, hence one predicate per op.
 def _rms_norm_supported(x, weight, epsilon, variance_size=None) -> bool:
-    return variance_size is None and weight is not None and weight.dtype == x.dtype
+    return variance_size is None and weight is not None and weight.dtype == x.dtype and x.dim() <= 2
 
 
 def _fused_add_rms_norm_supported(x, x_residual, weight, epsilon, variance_size=None) -> bool:

@@ -12,6 +12,9 @@ from sk import vllm_oot
 
 
 def _gemma_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    # Per-head norms (Gemma-3's q/k norms, x of 3 or more dims) stay vLLM's, as in `ir_providers`.
+    if x.dim() > 2:
+        return GemmaRMSNorm.forward_native(self, x, residual)
     # Functional like the stock layer: it returns (out, residual) and callers use the returned tensors.
     if residual is None:
         return sk.ops.gemma_rms_norm(x, self.weight.data, self.variance_epsilon)

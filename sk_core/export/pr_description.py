@@ -2,6 +2,8 @@
 named files of our committed results under `results/` at export time (`RESULT_FILES`)."""
 from __future__ import annotations
 
+import posixpath
+import re
 from pathlib import Path
 
 _LAYERS = {
@@ -64,8 +66,18 @@ def result_tables(results: Path, engine: str) -> list[tuple[str, str]]:
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: sk.export.pr_description.RESULT_FILES names it for the "
                                     f"{engine} description (moved? update the list)")
-        tables.append((f"{results.name}/{name}", path.read_text()))
+        tables.append((f"{results.name}/{name}", _rooted_links(path.read_text(), f"{results.name}/{name}")))
     return tables
+
+
+_RELATIVE_LINK = re.compile(r"\]\((?![a-z]+:|#|/)([^)\s]+)\)")
+
+
+def _rooted_links(text: str, quoted_path: str) -> str:
+    """`text`'s relative Markdown links (relative to the quoted file, `quoted_path`) as paths from Standard Kernels'
+    repository root, which is what a reader of the pull request can follow."""
+    folder = posixpath.dirname(quoted_path)
+    return _RELATIVE_LINK.sub(lambda m: f"]({posixpath.normpath(posixpath.join(folder, m.group(1)))})", text)
 
 
 _FUSED_MLP_MOTIVATION = """

@@ -76,7 +76,8 @@ def fused_add_rms_norm(
 
 Selected with VLLM_USE_STANDARD_KERNELS=1 (which puts it first in the IR op priority) or explicitly through
 kernel_config.ir_op_priority. Partial-width variance, weightless norms and mixed weight/input dtypes are not
-supported: vLLM then takes the next provider in priority.
+supported, and per-head norms (inputs of more than two dimensions, as Qwen3's q/k norms, which Inductor fuses
+with the QKV split and the rotary embedding) are left to vLLM's: vLLM then takes the next provider in priority.
 """
 
 import importlib.util
@@ -98,6 +99,7 @@ def _rms_norm_supported(x, weight, epsilon, variance_size=None) -> bool:
         variance_size is None
         and weight is not None
         and weight.dtype == x.dtype
+        and x.dim() <= 2
         and standard_kernels.launchable(x)
     )
 
@@ -124,7 +126,8 @@ _GEMMA_FORWARD = '''
         """Functional, like forward_native; (1 + weight) is formed in fp32 in the kernel."""
         from vllm.kernels.triton import standard_kernels
 
-        if not standard_kernels.launchable(x):
+        # Per-head norms (Gemma-3's q/k norms) stay native: Inductor fuses them with their neighbours.
+        if not standard_kernels.launchable(x) or x.dim() > 2:
             return self.forward_native(x, residual)
         offset = standard_kernels.GEMMA_OFFSET
         if residual is None:

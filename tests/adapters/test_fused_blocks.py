@@ -136,8 +136,12 @@ def test_fused_layer_returns_what_the_stock_layer_returns(style):
     if INTERPRETED:  # the kernels, interpreted, on the gate/up copy made when the layer was fused
         assert report["fallback_calls"] == 0 and report["kernel_calls"] == {name: 2}, report
         assert report["weights_prepared"] == {name: 1}, report
+        # The copy's memory (the size of gate/up, beside the engine's own), which the engine's KV cache loses.
+        gate_up = layer.mlp.gate_up_proj.weight
+        assert report["prepared_bytes"] == gate_up.numel() * gate_up.element_size(), report
+        assert "folded gate/up copies 0.00 GiB" in sk.reports.fused_blocks_summary({"fused_blocks": report})
     else:
-        assert report["fallback_calls"] == 2, report
+        assert report["fallback_calls"] == 2 and report["prepared_bytes"] == 0, report
         assert any(f["op"] == name for f in sk.coverage.report()["fallbacks"])
 
 

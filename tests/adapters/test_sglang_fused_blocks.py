@@ -504,6 +504,10 @@ def test_projections_repacked_at_load_go_back_to_sglangs_path(sglang):
     assert not isinstance(packed.mlp, fused_blocks.MlpComputedByNorm) and type(packed.mlp).__name__ == "LlamaMLP"
     assert type(packed.post_attention_layernorm) is RMSNorm
     assert list(blocks.fused) == ["model.layers.0"]
+    # The fused layer's copy was made and counted (where the kernels run: fp32 on CPU is interpreted).
+    gate_up = plain.mlp.gate_up_proj.weight
+    made = sk.settings.get("triton_interpret")
+    assert blocks.prepared_bytes == (gate_up.numel() * gate_up.element_size() if made else 0)
     assert blocks.engine_path == {"model.layers.3": (
         "LlamaDecoderLayer: the engine packed gate_up_proj's weight for its CPU backend (AMX) after loading; the op "
         "reads plain weights")}

@@ -99,6 +99,13 @@ def layers_match_stock():
     torch.testing.assert_close(acts["tanh"](gate_up), F.gelu(gate, approximate="tanh") * up)
     seen = {f["op"] for f in sk.coverage.report()["fallbacks"]} | set(sk.coverage.report()["kernel_calls"])
     assert {"gemma_rms_norm", "gemma_fused_add_rms_norm", "silu_and_mul", "gelu_and_mul"} <= seen, seen
+    # Per-head norms (Gemma-3's q/k norms, on views of the QKV output) stay vLLM's, which Inductor fuses with
+    # their neighbours: the same answer, no call of ours.
+    before = sk.coverage.report()
+    heads = torch.randn(5, 3 * 64)[:, :2 * 64].view(5, 2, 64)
+    torch.testing.assert_close(norm(heads), heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + 1e-6) * scale)
+    after = sk.coverage.report()
+    assert (after["kernel_calls"], after["fallbacks"]) == (before["kernel_calls"], before["fallbacks"]), after
 
 
 def rms_norm_goes_through_ir_provider():
@@ -129,6 +136,12 @@ def rms_norm_goes_through_ir_provider():
     assert counted.get("rms_norm") and counted.get("fused_add_rms_norm"), counted
     # Partial-width variance has no sk op: vLLM's own provider takes it.
     assert ir.ops.rms_norm.dispatch(x, w, 1e-6, 32).provider == "native"
+    # Per-head norms (Qwen3's q/k norms on a view of the QKV output) too: Inductor fuses vLLM's with their
+    # neighbours. Hidden-state norms (2-D) stay ours.
+    qkv = torch.randn(3, 6 * 16)
+    q_by_head = qkv[:, :4 * 16].view(3, 4, 16)
+    assert ir.ops.rms_norm.dispatch(q_by_head, torch.randn(16), 1e-6).provider == "native"
+    assert ir.ops.rms_norm.dispatch(x, w, 1e-6).provider == "sk"
 
 
 def engine_core_that_ran_our_ops_is_rank_0():

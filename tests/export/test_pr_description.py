@@ -38,6 +38,21 @@ def test_only_named_files_are_quoted_in_their_order(engine, tmp_path):
     assert positions == sorted(positions)
 
 
+def test_quoted_relative_links_are_made_repository_paths(tmp_path):
+    # A results README links its neighbours relative to itself; quoted in the description, they name the file
+    # from Standard Kernels' root instead (here a results folder named "quoted"). Absolute and in-page links stay.
+    results = tmp_path / "quoted"
+    for name in RESULT_FILES["vllm"]:
+        (results / name).parent.mkdir(parents=True, exist_ok=True)
+        (results / name).write_text("x\n")
+    (results / RESULT_FILES["vllm"][0]).write_text(
+        "see [`../../h100/engines/`](../../h100/engines/README.md), [runs](2026-12-05/a.md), "
+        "[docs](https://example.org/x), [below](#files)\n")
+    text = _render("vllm", results)
+    assert ("see [`../../h100/engines/`](quoted/h100/engines/README.md), [runs](quoted/h200/engines/2026-12-05/a.md), "
+            "[docs](https://example.org/x), [below](#files)") in text
+
+
 def test_a_missing_named_file_stops_the_export(tmp_path, capsys):
     purelib = sysconfig.get_paths()["purelib"]
     if not (Path(purelib) / "vllm").is_dir():
