@@ -23,7 +23,6 @@ What the op does not compute exactly as the engine's modules would is left on th
 """
 from __future__ import annotations
 
-import contextvars
 import weakref
 from typing import Callable, NamedTuple
 
@@ -80,23 +79,6 @@ class FusedNormMLP(torch.nn.Module):
             out = self.sk_all_reduce(out)
         return out if residual is None else (out, h)
 
-    def prepare(self, refresh: bool = False) -> bool:
-        """Make the op's prepared gate/up copy now (where its kernels cover this block), rather than at its first
-        call: the adapters call this once the weights are loaded, before the engine sizes its caches.
-        `refresh`: make it again into its own memory, after the engine wrote new weights (`refresh_prepared`);
-        nothing while a weight is on the meta device (an engine's reload in progress)."""
-        gate_up = self.sk_mlp.gate_up_proj
-        if refresh and "meta" in (self.weight.device.type, gate_up.weight.device.type):
-            return False
-        return sk.ops.gated_mlp.prepare_weights(self.weight, gate_up.weight, norm=self.sk_plan.norm,
-                                                gate_up_bias=gate_up.bias, refresh=refresh)
-
-    def copy_bytes(self) -> int:
-        """The memory the prepared gate/up copy holds: the size of gate/up (in the weight's dtype, the engines'
-        compute dtype), on top of the engine's own gate/up, which stays for batches above the fused kernels' rows."""
-        weight = self.sk_mlp.gate_up_proj.weight
-        return weight.numel() * weight.element_size()
-
     def extra_repr(self) -> str:
         p = self.sk_plan
         return f"{self.sk_layer}: {WHAT} (norm={p.norm}, activation={p.activation}, eps={p.eps}, reduce={p.reduce})"
@@ -133,66 +115,6 @@ def stand_in_class(mlp_cls: type) -> type:
             "load_weights": load, "__module__": __name__,
             "__doc__": f"MlpComputedByNorm that loads its weights as {mlp_cls.__qualname__}.load_weights does."})
     return cls
-
-
-# ----------------------------------------------------------------------------------------------- weight updates
-
-# The engines write new weights into the same Parameters through `.data` (their weight loaders), which the op's
-# cache of prepared copies cannot see, and CUDA graphs replay the copies without asking it. So after every
-# engine path that writes weights (RLHF updates, reloads), each fused block's copy is made again in its own
-# memory. Set while an engine's update entry point runs: the load_weights calls inside it leave the refresh to it.
-_REFRESH_DEFERRED = contextvars.ContextVar("sk_fused_blocks_refresh_deferred", default=False)
-
-
-def refresh_prepared(model: torch.nn.Module, loaded: set[str] | None = None) -> int:
-    """Make each fused block's prepared gate/up copy again, in its own memory, after the engine wrote new weights
-    into `model`; `loaded`: the parameter names written (as `model.named_parameters()` names them; None: all).
-    Returns how many copies it made."""
-    made = 0
-    for name, module in model.named_modules():
-        if not isinstance(module, FusedNormMLP):
-            continue
-        if loaded is not None:
-            layer = name.rpartition(".")[0]
-            prefix = f"{layer}." if layer else ""
-            if not {f"{name}.weight", f"{prefix}mlp.gate_up_proj.weight", f"{prefix}mlp.gate_up_proj.bias"} & loaded:
-                continue
-        made += module.prepare(refresh=True)
-    return made
-
-
-def _after_load_weights(wrapped, instance, args, kwargs):
-    loaded = wrapped(*args, **kwargs)
-    if not _REFRESH_DEFERRED.get():
-        refresh_prepared(instance, set(loaded) if isinstance(loaded, (set, frozenset, list, tuple)) else None)
-    return loaded
-
-
-def watch_load_weights(model: torch.nn.Module) -> None:
-    """Refresh `model`'s fused blocks after each call of its `load_weights` (the engines' and RLHF frameworks'
-    way of writing new weights into a loaded model), through a wrapt wrapper on this instance (once)."""
-    import wrapt
-
-    if not isinstance(model.__dict__.get("load_weights"), wrapt.ObjectProxy) and hasattr(model, "load_weights"):
-        wrapt.wrap_function_wrapper(model, "load_weights", _after_load_weights)
-
-
-def run_then_refresh(update: Callable, model_of: Callable[[object], torch.nn.Module | None], instance, args,
-                     kwargs):
-    """Run an engine's weight-update entry point `update(*args, **kwargs)` (bound to `instance`), then refresh
-    the fused blocks of `model_of(instance)` once (the load_weights calls inside it defer to this, and so does
-    an update entry point that another one calls: vLLM's Model Runner V2 runs V1's reload_weights)."""
-    if _REFRESH_DEFERRED.get():
-        return update(*args, **kwargs)
-    token = _REFRESH_DEFERRED.set(True)
-    try:
-        result = update(*args, **kwargs)
-    finally:
-        _REFRESH_DEFERRED.reset(token)
-    model = model_of(instance)
-    if model is not None:
-        refresh_prepared(model)
-    return result
 
 
 def activation_of(act_fn: torch.nn.Module) -> str | None:
@@ -348,7 +270,6 @@ class FusedBlocks:
         self.disabled: str | None = None         # why the fused blocks are off in this process
         self.projections: dict[str, str] = {}    # projection name -> its weight's shape
         self.projections_engine_path: dict[str, str] = {}  # projection name -> reason
-        self.prepared_bytes = 0                  # held by the fused blocks' prepared gate/up copies (`prepare`)
         # Each model planned -> its number, in order (`scope`); weak, so that a model freed and another built at
         # its address (id() reused) are two models, not one.
         self._models: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
@@ -362,13 +283,6 @@ class FusedBlocks:
         k = self._models[model]
         return f"model{k}:" if k else ""
 
-    def prepare(self, fused: FusedNormMLP) -> bool:
-        """Make `fused`'s prepared gate/up copy now (`FusedNormMLP.prepare`) and count the memory it holds."""
-        made = fused.prepare()
-        if made:
-            self.prepared_bytes += fused.copy_bytes()
-        return made
-
     def report(self) -> dict:
         coverage = sk.coverage.report()
         calls = {op: n for op, n in coverage["kernel_calls"].items() if op.startswith("fused_gated_mlp")}
@@ -380,7 +294,7 @@ class FusedBlocks:
                     "fallback_reasons": sorted({f["reason"] for f in found})}
         return {"enabled": self.disabled is None, "disabled": self.disabled, "what": WHAT,
                 "layers_fused": len(self.fused), "fused": dict(self.fused), "engine_path": dict(self.engine_path),
-                "kernel_calls": calls, "weights_prepared": prepared, "prepared_bytes": self.prepared_bytes,
+                "kernel_calls": calls, "weights_prepared": prepared,
                 **fallbacks(lambda op: op.startswith("fused_gated_mlp")),
                 "projections": {"routed": len(self.projections), "engine_path": dict(self.projections_engine_path),
                                 "kernel_calls": coverage["kernel_calls"].get(LINEAR, 0),

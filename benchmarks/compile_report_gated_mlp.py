@@ -1,7 +1,7 @@
 """Compile the gated-MLP kernels for sm90 on any machine (no GPU: Triton's own ptxas) at the table's configs and
 report, per kernel (and the down kernel as `sk.ops.linear` launches it, `compile_kernel(linear=True)`), the
-shared-memory buffers of each GEMM operand tile (both must be num_stages deep: a
-shallower one is the pipeliner race the GEGLU op met, see triton_kernels' docstring), shared memory, and
+shared-memory buffers of each GEMM operand tile (gate/up's three, down's two: each must be num_stages deep: a
+shallower one is the pipeliner race the GEGLU op met, see geglu_kernels' docstring), shared memory, and
 whether the products became wgmma. Run without TRITON_INTERPRET.
 
     python benchmarks/compile_report_gated_mlp.py [--json]
@@ -27,28 +27,27 @@ def _desc(rows, cols):
     return f"tensordesc<bf16[{rows}, {cols}]>"
 
 
-def compile_kernel(kind, c, d, ff, *, residual=True, layer=False, linear=False):
+def compile_kernel(kind, c, d, ff, *, linear=False):
     """kind "gate_up" or "down" (d outputs, ff deep); `linear`: the down kernel as sk.ops.linear launches it (no
     PDL, the split-K counters re-zeroed by the kernel)."""
     if kind == "gate_up":
-        signature = {"h_desc": _desc(c.block_m, c.block_k), "w_desc": _desc(c.block_n, c.block_k), "h_ptr": "*bf16",
-                     "stats_ptr": "*fp32", "colsum_ptr": "*fp32", "shift_ptr": "*fp32", "a_ptr": "*bf16",
-                     "arrivals_ptr": "*i32", "n_rows": "i32", "d": "i32", "ff": "i32", "eps": "fp32",
-                     "n_arrivals": "i32"}
-        in_loop = c.stats_in_loop and not residual
-        constexprs = dict(D_ALIGN=align(d), FF_ALIGN=align(ff), K_BLOCKS=cdiv(d, c.block_k), LAYER=layer,
-                          HAS_SHIFT=True, ACT="silu", SWAP_AB=c.swap_ab, STATS_IN_LOOP=in_loop,
-                          PDL=c.dependent_launch != "none", WAIT_FIRST=in_loop or residual,
-                          DOWN_AT_START=c.dependent_launch == "at_start", ARRIVALS_BLOCK=16)
+        half = c.block_n // 2
+        signature = {"n_desc": _desc(c.block_m, c.block_k), "gate_desc": _desc(half, c.block_k),
+                     "up_desc": _desc(half, c.block_k), "bias_ptr": "*bf16", "a_ptr": "*bf16", "arrivals_ptr": "*i32",
+                     "n_rows": "i32", "ff": "i32", "n_arrivals": "i32"}
+        constexprs = dict(FF_ALIGN=align(ff), K_BLOCKS=cdiv(d, c.block_k), HAS_BIAS=True, ACT="silu",
+                          SWAP_AB=c.swap_ab, PDL=c.dependent_launch != "none",
+                          DOWN_AT_START=c.dependent_launch == "at_start", ARRIVALS_BLOCK=16,
+                          BLOCK_M=c.block_m, HALF=half, BLOCK_K=c.block_k, GROUP_M=c.group_m)
         fn = tk.gate_up_kernel
     else:
         signature = {"a_desc": _desc(c.block_m, c.block_k), "wd_desc": _desc(c.block_n, c.block_k), "bd_ptr": "*bf16",
                      "y_desc": _desc(c.block_m, c.block_n), "partial_ptr": "*fp32", "arrivals_ptr": "*i32",
                      "n_rows": "i32", "d": "i32"}
         constexprs = dict(K_BLOCKS_PER_SPLIT=cdiv(cdiv(ff, c.block_k), c.split_k), HAS_BIAS=True,
-                          SPLIT_K=c.split_k, SWAP_AB=c.swap_ab, PDL=not linear, RESET_ARRIVALS=linear)
+                          SPLIT_K=c.split_k, SWAP_AB=c.swap_ab, PDL=not linear, RESET_ARRIVALS=linear,
+                          BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
         fn = tk.down_kernel
-    constexprs.update(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m)
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=SM90,
                           options={"num_warps": c.num_warps, "num_stages": c.num_stages})
 

@@ -78,8 +78,7 @@ def process_report(engine: str, replaced: dict[str, str], rank: int | None, extr
     """This process's adapter report: what was replaced, where, and the coverage counts so far.
 
     `fused_blocks` (adapters with fused decoder blocks): {"enabled", "layers_fused", "fused": {layer: what},
-    "engine_path": {layer: why}, "kernel_calls", "fallback_calls", "fallback_reasons", "prepared_bytes"} of this
-    process."""
+    "engine_path": {layer: why}, "kernel_calls", "fallback_calls", "fallback_reasons"} of this process."""
     import sk
 
     return {
@@ -179,12 +178,6 @@ def model_process_reports(reports: Iterable[dict]) -> list[dict]:
     return [r for r in reports if r["rank"] is not None]
 
 
-def copies_held(nbytes: int) -> str:
-    """The memory the fused blocks' prepared gate/up copies hold, in words (an engine's KV cache is that much
-    smaller: the adapters make them before the engine sizes it)."""
-    return f"folded gate/up copies {nbytes / 2**30:.2f} GiB"
-
-
 def fused_blocks_summary(report: dict) -> str | None:
     """One line on a process's fused decoder blocks: layers fused, calls (kernel / fallback), layers left and why."""
     fb = report.get("fused_blocks")
@@ -200,8 +193,6 @@ def fused_blocks_summary(report: dict) -> str | None:
                 f"({kernel} kernel, {fb['fallback_calls']} fallback)")
         if fb["fallback_reasons"]:
             line += f" [fallback: {'; '.join(fb['fallback_reasons'])}]"
-        if fb.get("prepared_bytes"):
-            line += f"; {copies_held(fb['prepared_bytes'])}"
         if fb["engine_path"]:
             reasons = sorted(set(fb["engine_path"].values()))
             line += f"; {len(fb['engine_path'])} on the engine's path ({'; '.join(reasons)})"

@@ -5,8 +5,8 @@ behaviour (fallback recorded, strict raises).
 
 Tolerances: relative norm error against the fp64 reference on the same (rounded) inputs and weights.
   fp32: sums in fp32 over a few hundred terms: far under 1e-5.
-  fp16: h, the prepared weight w⊙W, a and out are each rounded once to fp16 (u = 4.9e-4, ~u/√3 each in norm):
-        2e-3 = 4u.
+  fp16: h, n, a and out are each rounded once to fp16 (u = 4.9e-4, ~u/√3 each in norm), as the reference
+        rounds them (the kernels keep [g; u] in fp32, the reference rounds it: one rounding more there): 2e-3 = 4u.
   bf16 (GPU): the same roundings with u = 3.9e-3: 1e-2; and no worse than 1.25x the engines' own bf16 sequence
         (the reference run in bf16: norm, GEMM, act_and_mul, GEMM, each rounding) + 1e-3.
 """
@@ -17,7 +17,7 @@ import torch
 
 import sk
 from numerics import KERNEL_DEVICE, rel_err
-from sk.ops.gated_mlp import ACTIVATIONS, NORMS, gated_mlp_reference, triton_kernels as tk, weights
+from sk.ops.gated_mlp import ACTIVATIONS, NORMS, gated_mlp_reference, triton_kernels as tk
 
 INTERPRETED_CPU = KERNEL_DEVICE == "cpu" and sk.settings.get("triton_interpret")
 needs_interpreter = pytest.mark.skipif(not INTERPRETED_CPU, reason="needs TRITON_INTERPRET=1 on a CPU-only machine")
@@ -63,11 +63,10 @@ def call_op(block, x, residual, norm, activation):
 def run_kernels(block, x, residual, norm, activation, gate_up=SMALL_GATE_UP, down=SMALL_DOWN):
     m, d = x.shape
     ff = block["down_weight"].shape[1]
-    gu = weights.fold(norm, block["norm_weight"], block["norm_bias"], block["gate_up_weight"],
-                      block["gate_up_bias"], x.dtype)
     configs = tk.fit_configs(gate_up, down, m, d, ff, tk.sm_count(x.device))
-    return tk.forward_kernels(x, residual, gu.weight, gu.colsum, gu.shift, block["down_weight"].to(x.dtype),
-                              block["down_bias"], EPS, norm, activation, configs)
+    return tk.forward_kernels(x, residual, block["norm_weight"], block["norm_bias"],
+                              block["gate_up_weight"].to(x.dtype), block["gate_up_bias"],
+                              block["down_weight"].to(x.dtype), block["down_bias"], EPS, norm, activation, configs)
 
 
 @pytest.fixture
@@ -108,9 +107,8 @@ def test_interpreted_kernels_match_fp64(norm, activation, bias, dtype, poisoned_
 LAUNCHES = {
     "plain": (SMALL_GATE_UP, SMALL_DOWN),
     "swap": (dataclasses.replace(SMALL_GATE_UP, swap_ab=True), dataclasses.replace(SMALL_DOWN, swap_ab=True)),
-    "stats_in_loop": (dataclasses.replace(SMALL_GATE_UP, stats_in_loop=True), SMALL_DOWN),
-    "swap_in_loop_no_split": (dataclasses.replace(SMALL_GATE_UP, swap_ab=True, stats_in_loop=True),
-                              dataclasses.replace(SMALL_DOWN, swap_ab=True, split_k=1)),
+    "swap_no_split": (dataclasses.replace(SMALL_GATE_UP, swap_ab=True),
+                      dataclasses.replace(SMALL_DOWN, swap_ab=True, split_k=1)),
     "grouped": (dataclasses.replace(SMALL_GATE_UP, group_m=2), dataclasses.replace(SMALL_DOWN, group_m=2, split_k=3)),
 }
 
@@ -120,9 +118,8 @@ LAUNCHES = {
 @pytest.mark.parametrize("m", [1, 33])
 @pytest.mark.parametrize("residual", [True, False])
 def test_interpreted_launch_variants(launch, m, residual, poisoned_outputs):
-    """Each way of launching (transposed products, statistics in the gate/up loop, grouped tiles, split or not)
-    at 1 and 33 rows (a lone row; three row tiles, the last of one row), LayerNorm (the mean correction) in
-    fp16, with and without a residual (stats_in_loop applies only without one)."""
+    """Each way of launching (transposed products, grouped tiles, split or not) at 1 and 33 rows (a lone row;
+    three row tiles, the last of one row), LayerNorm and RMSNorm in fp16, with and without a residual."""
     d, ff = 64, 128
     norm, activation = ("layer", "gelu") if m == 1 else ("rms", "silu")
     block = make_block(d, ff, norm, seed=m)
@@ -233,21 +230,28 @@ def test_interpreted_empty_batch():
 
 
 @needs_interpreter
-def test_prepared_weights_are_cached_until_a_source_changes():
+def test_interpreted_kernels_read_the_weights_as_given():
+    """No copy of a weight in the compute dtype: the kernels read gate/up and down where they are, so an in-place
+    update (any way, `.data` included) is seen by the next call; weights of another dtype are cast once, cached
+    until they change."""
     d, ff = 64, 128
     block = make_block(d, ff, "layer", dtype=torch.float16)
     x = make_x(2, d, torch.float16)
     before = sk.ops.weight_cache.size_bytes()
     out1, _ = call_op(block, x, None, "layer", "silu")
-    held = sk.ops.weight_cache.size_bytes() - before
-    assert held >= 2 * ff * d * 2  # the folded gate/up copy in fp16 (plus its fp32 vectors)
-    call_op(block, x, None, "layer", "silu")
-    assert sk.ops.weight_cache.size_bytes() - before == held  # reused, not re-made
-    with torch.no_grad():
-        block["norm_weight"].mul_(2)  # an in-place update: the fold is re-made
+    assert sk.ops.weight_cache.size_bytes() == before
+    assert sk.coverage.report()["weights_prepared"] == {}
+    block["gate_up_weight"].data.mul_(2)  # through .data: no version counter
+    block["norm_weight"].mul_(2)
     out2, _ = call_op(block, x, None, "layer", "silu")
     assert rel_err(out2, fp64(block, x, None, "layer", "silu")[0]) < TOL[torch.float16]
     assert not torch.equal(out1, out2)
+    fp32 = dict(block, gate_up_weight=block["gate_up_weight"].float(), down_weight=block["down_weight"].float())
+    for _ in range(2):
+        out3, _ = call_op(fp32, x, None, "layer", "silu")
+    assert sk.ops.weight_cache.size_bytes() - before == 3 * ff * d * 2  # both casts to fp16, made once
+    assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/layer": 2}
+    assert torch.equal(out3, out2)
 
 
 class EngineParameter(torch.nn.Parameter):
@@ -274,46 +278,24 @@ def engine_parameters(block):
 
 
 @needs_interpreter
-def test_interpreted_engine_parameter_classes_are_prepared_once(monkeypatch):
-    # vLLM's weights are ModelWeightParameter: a fold per call (and inside every replayed graph) made decode
-    # 2.7x slower in vLLM (results/h200/engines/README.md, 2026-12-02).
-    folds = []
-    fold = weights.fold
-    monkeypatch.setattr(weights, "fold", lambda *a: folds.append(1) or fold(*a))
+def test_interpreted_engine_parameter_classes_run_without_copies():
+    # vLLM's weights are ModelWeightParameter: a copy per call (and inside every replayed graph) once made decode
+    # 2.7x slower in vLLM (results/h200/engines/README.md, 2026-12-02); now nothing is copied at all.
     d, ff = 64, 128
     x = make_x(3, d, torch.float16)
     for cls, block in engine_parameters(make_block(d, ff, "rms", dtype=torch.float16)):
-        folds.clear()
         sk.coverage.reset()
         assert type(block["gate_up_weight"]) is cls
         first = call_op(block, x, x.clone(), "rms", "silu")[0]
         assert torch.equal(call_op(block, x, x.clone(), "rms", "silu")[0], first)
-        assert len(folds) == 1, cls
-        assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 1}  # what engine reports show
+        assert sk.coverage.report()["weights_prepared"] == {}  # what engine reports show
         with torch.no_grad():
-            block["gate_up_weight"].mul_(2)  # an in-place weight update is still seen
-        call_op(block, x, x.clone(), "rms", "silu")
-        assert len(folds) == 2, cls
-    assert not sk.coverage.report()["fallbacks"]
+            block["gate_up_weight"].mul_(2)  # an in-place weight update is seen
+        assert not torch.equal(call_op(block, x, x.clone(), "rms", "silu")[0], first)
+        assert not sk.coverage.report()["fallbacks"]
 
 
 # ----------------------------------------------------------------------------------------------- op, any device
-
-def test_fold_layout_interleaves_gate_and_up_rows():
-    d, ff = 8, 4
-    w = torch.arange(2 * ff * d, dtype=torch.float32).view(2 * ff, d)
-    scale = torch.full((d,), 2.0)
-    bias = torch.arange(2 * ff, dtype=torch.float32)
-    for norm, factor in (("rms", 2.0), ("gemma_rms", 3.0)):
-        gu = weights.fold(norm, scale, None, w, bias, torch.float32)
-        assert torch.equal(gu.weight[0::2], w[:ff] * factor) and torch.equal(gu.weight[1::2], w[ff:] * factor)
-        assert torch.equal(gu.shift[0::2], bias[:ff]) and torch.equal(gu.shift[1::2], bias[ff:])
-        assert gu.colsum is None
-    beta = torch.ones(d)
-    gu = weights.fold("layer", scale, beta, w, None, torch.float32)
-    assert torch.equal(gu.colsum, gu.weight.sum(1))
-    assert torch.equal(gu.shift[0::2], w[:ff].sum(1)) and torch.equal(gu.shift[1::2], w[ff:].sum(1))
-
 
 @pytest.mark.parametrize("norm", NORMS)
 def test_fp32_takes_the_recorded_fallback_and_trains(norm):
@@ -492,16 +474,13 @@ def test_gpu_graph_replay_with_fresh_inputs_and_deterministic_split_k(m, d, ff, 
 
 
 @pytest.mark.gpu
-def test_gpu_capture_with_engine_parameter_classes_reads_the_prepared_weights(monkeypatch):
-    """Weights as vLLM holds them (a Parameter subclass): the capture reads the fold made before it (no fold
-    kernels in the graph, no capture miss recorded), and replays give the eager bits."""
-    folds = []
-    fold = weights.fold
-    monkeypatch.setattr(weights, "fold", lambda *a: folds.append(1) or fold(*a))
+def test_gpu_capture_with_engine_parameter_classes_reads_the_weights_themselves():
+    """Weights as vLLM holds them (a Parameter subclass): nothing is copied for the capture (no copy kernels in
+    the graph, no capture miss recorded), and replays give the eager bits."""
     m, d, ff = 1, 2048, 8192
     x, r = make_x(m, d, torch.bfloat16, "cuda"), make_x(m, d, torch.bfloat16, "cuda", seed=2)
+    before = sk.ops.weight_cache.size_bytes()
     for cls, block in engine_parameters(make_block(d, ff, "rms", dtype=torch.bfloat16, device="cuda", seed=1)):
-        folds.clear()
         with torch.no_grad():
             want = call_op(block, x, r, "rms", "silu")
             graph = torch.cuda.CUDAGraph()
@@ -509,27 +488,27 @@ def test_gpu_capture_with_engine_parameter_classes_reads_the_prepared_weights(mo
                 out, h = call_op(block, x, r, "rms", "silu")
             out.fill_(float("nan"))
             graph.replay()
-        assert torch.equal(out, want[0]) and torch.equal(h, want[1]) and len(folds) == 1, cls
+        assert torch.equal(out, want[0]) and torch.equal(h, want[1]), cls
+    assert sk.ops.weight_cache.size_bytes() == before and sk.coverage.report()["weights_prepared"] == {}
     assert not sk.coverage.report()["fallbacks"]
 
 
 @pytest.mark.gpu
-def test_gpu_a_refresh_after_weights_written_through_data_reaches_a_captured_graph():
+def test_gpu_weights_written_through_data_reach_a_captured_graph():
     """An engine's weight loader writes through .data (no version counter moves) while its CUDA graphs keep
-    replaying: prepare_weights(refresh=True) folds again into the same memory, so the graph captured before the
-    update computes with the new weights, as an eager call on fresh copies of them does."""
+    replaying: the kernels read the weights themselves, so the graph captured before the update computes with
+    the new weights, as an eager call on fresh copies of them does, with no call in between."""
     m, d, ff = 4, 2048, 8192
     x, r = make_x(m, d, torch.bfloat16, "cuda"), make_x(m, d, torch.bfloat16, "cuda", seed=2)
     block = make_block(d, ff, "rms", bias=False, dtype=torch.bfloat16, device="cuda", seed=1)
     with torch.no_grad():
-        call_op(block, x, r, "rms", "silu")  # the fold, made before the capture
+        call_op(block, x, r, "rms", "silu")  # compiles before the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out, _ = call_op(block, x, r, "rms", "silu")
         new = make_block(d, ff, "rms", bias=False, dtype=torch.bfloat16, device="cuda", seed=3)
         for name in ("norm_weight", "gate_up_weight", "down_weight"):
             block[name].data.copy_(new[name])
-        assert sk.ops.gated_mlp.prepare_weights(block["norm_weight"], block["gate_up_weight"], refresh=True)
         out.fill_(float("nan"))
         graph.replay()
         want, _ = call_op({k: None if v is None else v.clone() for k, v in new.items()}, x, r, "rms", "silu")
@@ -569,43 +548,44 @@ _COMPILE_CHECK = r"""
 import dataclasses, json, re, sys
 sys.path.insert(0, "benchmarks")
 from compile_report_gated_mlp import compile_kernel, report, tk
-found = report()
-c = dataclasses.replace(tk.choose_configs(8, 4096, 14336, 132)[0], stats_in_loop=True)
-k = compile_kernel("gate_up", c, 4096, 14336, residual=False, layer=True)
-found["gate_up in-loop statistics"] = {"stages": c.num_stages, "wgmma": "wgmma" in k.asm["ptx"], "buffers": [
-    int(n) for n in re.findall(r"ttg\.local_alloc : \(\) -> !ttg\.memdesc<(\d+)x\d+x\d+x", k.asm["ttgir"])]}
-print(json.dumps(found))
+print(json.dumps(report()))
 """
 
 
 def test_table_configs_compile_for_sm90_on_wgmma_with_every_operand_fully_buffered():
     """No interpreter shows a pipelining race: compile both GEMM kernels for sm90 (Triton's own ptxas, no GPU) at
-    every shape class's config, and the gate/up kernel with the statistics summed in its loop, and check that
-    both operand tiles get num_stages shared buffers (the GEGLU op's H200 failure: one fewer for a tile also
-    read from registers) and that the products run on wgmma. Subprocess: without the interpreter."""
+    every shape class's config and check that every operand tile (gate/up: n, the gate half and the up half;
+    down: two) gets num_stages shared buffers (the GEGLU op's H200 failure: one fewer for a tile also read from
+    registers) and that the products run on wgmma. Subprocess: without the interpreter."""
     from sm90_compile import run_compile_check
 
     for kernel, r in run_compile_check(_COMPILE_CHECK).items():
-        assert r["wgmma"] and r["buffers"] == [r["stages"]] * 2, (kernel, r)
+        tiles = 3 if kernel.startswith("gate_up") else 2
+        assert r["wgmma"] and r["buffers"] == [r["stages"]] * tiles, (kernel, r)
 
 
 @needs_interpreter
-def test_prepare_weights_makes_the_copy_the_calls_read():
-    """What an engine calls once its weights are loaded: the folded copy made then, and read by the calls."""
+def test_prepare_weights_makes_only_the_casts_the_calls_read():
+    """What an engine calls once its weights are loaded: with weights in the activations' dtype (an engine's),
+    nothing is made; weights of another dtype get their cast then, which the calls read."""
     d, ff = 64, 96
     block = make_block(d, ff, "rms", dtype=torch.float16)
     assert sk.ops.gated_mlp.prepare_weights(block["norm_weight"], block["gate_up_weight"],
-                                            gate_up_bias=block["gate_up_bias"])
-    assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 1}
-    call_op(block, make_x(3, d, torch.float16), None, "rms", "silu")
-    assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 1}
+                                            gate_up_bias=block["gate_up_bias"], down_weight=block["down_weight"])
+    assert sk.coverage.report()["weights_prepared"] == {}
+    fp32 = dict(block, gate_up_weight=block["gate_up_weight"].float(), down_weight=block["down_weight"].float())
+    assert sk.ops.gated_mlp.prepare_weights(fp32["norm_weight"], fp32["gate_up_weight"],
+                                            down_weight=fp32["down_weight"], dtype=torch.float16)
+    assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 2}
+    call_op(fp32, make_x(3, d, torch.float16), None, "rms", "silu")
+    assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 2}
     with pytest.raises(ValueError, match="prepare_weights: norm must be one of 'rms', 'gemma_rms', 'layer'; got 'foo'"):
         sk.ops.gated_mlp.prepare_weights(block["norm_weight"], block["gate_up_weight"], norm="foo")
     with pytest.raises(ValueError, match=r"gate_up_weight must be \(2·d_ff, d_model\), gate rows first; got \(3, 64\)"):
         sk.ops.gated_mlp.prepare_weights(block["norm_weight"], block["gate_up_weight"][:3])
     # fp64 is outside every kernel's cover: nothing is made, nothing recorded.
     assert not sk.ops.gated_mlp.prepare_weights(block["norm_weight"].double(), block["gate_up_weight"].double())
-    assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 1}
+    assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 2}
     assert not sk.coverage.report()["fallbacks"]
 
 

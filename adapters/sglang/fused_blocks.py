@@ -4,9 +4,9 @@ When: as each decoder layer is built, by an AFTER hook on its class's `__init__`
 (installed with the other hooks, in every scheduler before the model is built). The layer's own modules are
 planned there (`plan_layer`): SGLang has built its linears with their quant_method and tensor-parallel shard
 sizes; the weights are loaded later, into the same Parameter objects the fused block reads at each call.
-Once ModelRunner.load_model has loaded the weights, an AFTER hook makes each fused block's prepared gate/up copy
-(`prepare_model`), before SGLang sizes its memory pools from what is left (else the op would make it at its first
-decode-sized call, in the warm-up before capture, in memory SGLang had already given out).
+Once ModelRunner.load_model has loaded and processed the weights, an AFTER hook puts back on SGLang's path each
+fused layer whose projections SGLang repacked (`check_loaded_model`). The op reads the layers' own weights: no
+copy (SGLang's memory pools are stock's size), and weights SGLang's updates write in place are read as they are.
 
 Which layers: `DECODER_LAYERS`, where the installed class's forward has `<norm>(hidden_states, residual)` then
 `mlp(hidden_states)`, or (Qwen3) `layer_communicator.prepare_mlp(hidden_states, residual, ...)` then
@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-import logging
-from typing import Callable
 
 import torch
 
-from sk import reports, settings
+from sk import settings
 from sk.adapters import fused_blocks
 from sk.adapters.fused_blocks import FusedBlocks, Plan
 
-logger = logging.getLogger(__name__)
 BLOCKS = FusedBlocks()
 UNQUANTIZED = ("UnquantizedLinearMethod",)
 # module -> decoder layer class -> the norm fused with `mlp`.
@@ -84,12 +81,11 @@ def _after_init(norm_attr: str):
     return after_init
 
 
-def prepare_model(model: torch.nn.Module, blocks: FusedBlocks | None = None) -> int:
+def check_loaded_model(model: torch.nn.Module, blocks: FusedBlocks | None = None) -> int:
     """Once the weights are loaded and processed: each fused layer whose projections SGLang repacked goes back to
-    SGLang's path (recorded in `blocks`, default BLOCKS); each other fused block's prepared gate/up copy is made
-    (`FusedNormMLP.prepare`), before SGLang sizes its memory pools from what is left. Returns the copies made."""
+    SGLang's path (recorded in `blocks`, default BLOCKS). Returns how many fused layers stay fused."""
     blocks = BLOCKS if blocks is None else blocks
-    made = 0
+    kept = 0
     for name, layer in list(model.named_modules()):
         norm_attr = _norm_attr_of(type(layer))
         fused = getattr(layer, norm_attr, None) if norm_attr else None
@@ -104,46 +100,16 @@ def prepare_model(model: torch.nn.Module, blocks: FusedBlocks | None = None) -> 
             blocks.fused.pop(fused.sk_layer, None)
             fused_blocks.left_on_engine_path(blocks, fused.sk_layer, type(layer).__name__, miss, "SGLang")
             continue
-        made += blocks.prepare(fused)
-    if made:
-        logger.info("standardkernels fused blocks: %s, made before SGLang sizes its memory pools",
-                    reports.copies_held(blocks.prepared_bytes))
-    return made
+        kept += 1
+    return kept
 
 
 def after_load_model(result, runner, *args, **kwargs):
-    """AFTER hook of SGLang's ModelRunner.load_model (see `prepare_model`); from then on each `load_weights` call
-    on the model refreshes the copies (`fused_blocks.watch_load_weights`)."""
+    """AFTER hook of SGLang's ModelRunner.load_model (see `check_loaded_model`)."""
     model = getattr(runner, "model", None)
     if model is not None and BLOCKS.disabled is None:
-        prepare_model(model)
-        if any(isinstance(m, fused_blocks.FusedNormMLP) for m in model.modules()):
-            fused_blocks.watch_load_weights(model)
+        check_loaded_model(model)
     return None
-
-
-# SGLang's online weight updates (`WeightUpdater`, one per ModelRunner): after each, the fused blocks' prepared
-# copies are made again in their own memory (SGLang's CUDA graphs read them), whichever way it wrote the weights.
-WEIGHT_UPDATER = "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater"
-WEIGHT_UPDATES = ("update_weights_from_disk", "update_weights_from_distributed", "update_weights_from_tensor",
-                  "update_weights_from_ipc")
-
-
-def weight_update_hooks() -> dict[str, Callable]:
-    """AROUND hooks (HookRegistry targets) of the `WEIGHT_UPDATES` this SGLang has."""
-    import pkgutil
-
-    try:
-        updater = pkgutil.resolve_name(WEIGHT_UPDATER)
-    except (ImportError, AttributeError):
-        return {}
-    return {f"{WEIGHT_UPDATER}.{name}": around_weight_update for name in WEIGHT_UPDATES if hasattr(updater, name)}
-
-
-def around_weight_update(original, updater, *args, **kwargs):
-    """Run one of SGLang's weight updates, then refresh the fused blocks' prepared copies once."""
-    return fused_blocks.run_then_refresh(lambda *a, **k: original(updater, *a, **k),
-                                         lambda u: u.get_model(), updater, args, kwargs)
 
 
 def route_layer_projections(layer: torch.nn.Module, name: str, blocks: FusedBlocks | None = None) -> FusedBlocks:

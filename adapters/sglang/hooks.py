@@ -29,7 +29,7 @@ import sk
 LAYERNORM = "sglang.srt.layers.layernorm"
 ACTIVATION = "sglang.srt.layers.activation"
 SCHEDULER_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
-# Where the fused blocks' weight copies are made, once the model is loaded (fused_blocks.after_load_model).
+# Where the fused blocks are checked once the model is loaded (fused_blocks.after_load_model: repacked projections).
 LOAD_MODEL = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
 # The report's `replaced` entry of the fused decoder blocks (sk.adapters.sglang.fused_blocks).
 FUSED_BLOCKS_KEY = "decoder layers (norm + MLP)"
@@ -145,9 +145,8 @@ def install_hooks(report_to_caller: Callable[[dict], None]) -> dict[str, str]:
     hooks.append((SCHEDULER_STATE, report_in_internal_state, HookType.AFTER))
     fused = fused_blocks.hooks()  # decoder layers' __init__: norm + MLP -> fused_gated_mlp (none when off)
     hooks += [(target, hook, HookType.AFTER) for target, (hook, _) in fused.items()]
-    if fused and fused_blocks.BLOCKS.disabled is None:  # their weight copies, once loaded and after each update
+    if fused and fused_blocks.BLOCKS.disabled is None:  # layers whose projections SGLang repacked at load go back
         hooks.append((LOAD_MODEL, fused_blocks.after_load_model, HookType.AFTER))
-        hooks += [(target, hook, HookType.AROUND) for target, hook in fused_blocks.weight_update_hooks().items()]
     originals = {target: pkgutil.resolve_name(target) for target, _, _ in hooks}
     for target, hook, kind in hooks:
         HookRegistry.register(target, hook, kind)

@@ -10,9 +10,9 @@ its own (tensorizer, IPC weight cache, ...) may post-process the model itself or
 wrapped too (at install, or at its first instance for a class defined later), and a model the outermost such
 call returns that did not pass through the wrapped post-processing is planned and fused there, as loaded (a
 layer whose weights that loader repacked keeps vLLM's path, recorded). All of that is in the worker, eager,
-before vLLM's profile run, Dynamo tracing and CUDA-graph capture: the swapped modules are what Dynamo traces, and
-each fused block's prepared gate/up copy is made there (`FusedNormMLP.prepare`), so that vLLM's memory profile
-counts it before the KV cache is sized.
+before vLLM's profile run, Dynamo tracing and CUDA-graph capture: the swapped modules are what Dynamo traces. The
+op reads the layers' own weights (no copy: vLLM's memory profile and KV cache are stock's, and weights vLLM writes
+in place later, by a reload or a weight transfer, are read as they are).
 Which layers: exact classes of `support.FUSED_DECODER_LAYERS`, whose forwards `support.py` checked at start-up;
 each layer is planned on its own loaded modules (`plan_layer`): quantized linears, LoRA, options the op does not
 compute, unknown MLP/norm classes keep vLLM's path, recorded with the reason (an error under SK_STRICT=1).
@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from sk import reports, settings
+from sk import settings
 from sk.adapters import fused_blocks
 from sk.adapters.fused_blocks import FusedBlocks, Plan
 from sk.adapters.vllm import support
@@ -206,20 +206,12 @@ def fuse_model(model: torch.nn.Module, plans: dict[str, Plan | str] | None = Non
             continue
         fused_blocks.fuse_layer(layer, plan, all_reduce, scope + name)
         record_for_reloading(getattr(layer, plan.norm_attr))
-        # The folded gate/up copy now, while vLLM loads the model: its profile run (above the fused kernels'
-        # rows) would not make it, and vLLM sizes the KV cache from the memory that run leaves.
-        blocks.prepare(getattr(layer, plan.norm_attr))
         blocks.fused[scope + name] = (f"{cls.__name__}: {plan.norm_attr} + mlp, norm={plan.norm}, "
                                       f"activation={plan.activation}")
-    if any(isinstance(m, fused_blocks.FusedNormMLP) for m in model.modules()):
-        fused_blocks.watch_load_weights(model)
-        watch_weight_updates()
     if blocks.fused or blocks.engine_path:
-        logger.info("standardkernels fused blocks: %d decoder layers fused, %d on vLLM's path%s%s",
+        logger.info("standardkernels fused blocks: %d decoder layers fused, %d on vLLM's path%s",
                     len(blocks.fused), len(blocks.engine_path),
-                    "".join(f"; {k}: {v}" for k, v in list(blocks.engine_path.items())[:3]),
-                    f"; {reports.copies_held(blocks.prepared_bytes)}, made before vLLM sizes its KV cache"
-                    if blocks.prepared_bytes else "")
+                    "".join(f"; {k}: {v}" for k, v in list(blocks.engine_path.items())[:3]))
     return blocks
 
 
@@ -237,51 +229,6 @@ def record_for_reloading(fused: fused_blocks.FusedNormMLP) -> None:
     info = get_layerwise_info(fused)
     info.restore_metadata = capture_layer_to_meta(fused)
     info.restore_device = get_layerwise_info(norm_module).restore_device
-
-
-# vLLM's entry points that write new weights into a loaded model other than through one model.load_weights call
-# (its in-place reload: layerwise or kernel-format copies; the weight-transfer engines' update sessions), each
-# followed by one refresh of the fused blocks' prepared copies: (module, method, the model from its instance).
-WEIGHT_UPDATES = (
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.reload_weights", lambda runner: runner.get_model()),
-    # Model Runner V2 (vllm/v1/worker/gpu/), the default on CUDA where it exists.
-    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.reload_weights", lambda runner: runner.get_model()),
-    ("vllm.v1.worker.gpu_worker", "Worker.finish_weight_update", lambda worker: worker.model_runner.get_model()),
-)
-
-
-def watch_weight_updates() -> list[str]:
-    """Wrap vLLM's weight-update entry points of `WEIGHT_UPDATES` that this vLLM has (once per process, wrapt) so
-    that the fused blocks' prepared copies follow the new weights; returns the wrapped ones."""
-    import importlib
-
-    import wrapt
-
-    wrapped = []
-    for module_name, method, model_of in WEIGHT_UPDATES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        cls_name, _, name = method.partition(".")
-        cls = getattr(module, cls_name, None)
-        if cls is None or not hasattr(cls, name):
-            continue
-        if not isinstance(cls.__dict__.get(name), wrapt.FunctionWrapper):
-            wrapt.wrap_function_wrapper(module, method, refreshing(model_of))
-        wrapped.append(f"{module_name}.{method}")
-    return wrapped
-
-
-def refreshing(model_of):
-    """A wrapt wrapper for a weight-update method: runs it, then refreshes the fused blocks of
-    `model_of(instance)`. Called through the class (`GPUModelRunnerV1.reload_weights(self, ...)`, as Model
-    Runner V2 does), wrapt gives no instance: the first argument is it."""
-    def wrapper(wrapped, instance, args, kwargs):
-        if instance is None and args:
-            instance = args[0]
-        return fused_blocks.run_then_refresh(wrapped, model_of, instance, args, kwargs)
-    return wrapper
 
 
 def plan_projections(model: torch.nn.Module, cpu: bool | None = None) -> None:

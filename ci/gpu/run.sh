@@ -51,6 +51,9 @@ for step in $steps; do
     geglu) [ -f benchmarks/bench_geglu.py ] && python3 benchmarks/bench_geglu.py "$out" 2>&1 | tee "$out/geglu.log" ;;
     gated-mlp) python3 benchmarks/bench_gated_mlp.py --out "$out/gated_mlp" --no-compile --kernels \
                  "${gated_mlp_cases[@]}" 2>&1 | tee "$out/gated_mlp.log" ;;
+    gated-mlp-tests) python3 -m pytest -q -p no:cacheprovider -rf tests/test_fused_gated_mlp.py \
+                       tests/test_nn_norm_mlp.py tests/test_linear.py 2>&1 | tee "$out/gated_mlp_tests.log"
+                     status=$((status | ${PIPESTATUS[0]})) ;;
     geglu-paths) python3 benchmarks/bench_geglu_paths.py "$out/geglu_paths" --no-training 2>&1 \
                    | tee "$out/geglu_paths.log" ;;
     training) python3 benchmarks/bench_training_ops.py --sweep --out "$out/training" 2>&1 | tee "$out/training.log"

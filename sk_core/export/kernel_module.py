@@ -2,8 +2,7 @@
 
 The kernels, their launch configurations and launch functions are copied out of `sk.ops` by name (their source
 text, found with `ast`), so the upstreamed code is the code our tests and benchmarks run; only the thin layer of
-torch custom ops around them (and, for the gated MLP, its cache of folded weights) is written here. The module
-imports torch and triton and nothing of ours.
+torch custom ops around them is written here. The module imports torch and triton and nothing of ours.
 """
 from __future__ import annotations
 
@@ -52,18 +51,17 @@ FAMILIES: dict[str, tuple[KernelSource, ...]] = {
                      ("TMA_ALIGN", "TileConfig", "_tile_coords", "_tile_product", "_split_k_sum", "cdiv",
                       "next_power_of_2", "align", "sm_count", "tma_ready", "descriptor")),
         KernelSource("sk.ops.gated_mlp.triton_kernels",
-                     ("_stats_kernel", "_gate_up_kernel", "_down_kernel", "_down_epilogue", "GemmConfig", "M_CLASSES",
+                     ("NORM_OFFSETS", "_norm_kernel", "_gate_up_kernel", "_down_kernel", "_down_epilogue", "GemmConfig", "M_CLASSES",
                       "FUSED_MAX_M", "LARGE_MLP", "FUSED_MAX_M_LARGE", "fused_max_m", "_DECODE_SWEEP",
                       "GATE_UP_CONFIGS", "DOWN_CONFIGS", "TUNED", "MAX_SPLIT_K", "shape_class", "fit_configs",
                       "fit_split", "choose_configs", "forward_kernels")),
-        KernelSource("sk.ops.gated_mlp.weights", ("FOLD_CHUNK_ROWS", "GateUp", "fold")),
     ),
 }
 # Names two families define: suffixed with the family in the generated module.
 _CLASHING = ("_launch",)
 # Imports a family's copied code needs beyond the preamble's.
 _IMPORTS = {
-    "gated_mlp": ("import dataclasses", "import functools", "import weakref", "from typing import NamedTuple, Optional",
+    "gated_mlp": ("import dataclasses", "import functools", "from typing import Optional",
                   "from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait",
                   "from triton.tools.tensor_descriptor import TensorDescriptor"),
 }
@@ -202,65 +200,6 @@ def fused_gated_mlp_launchable(x: torch.Tensor) -> bool:
     )
 
 
-# Folded gate/up weights (`fold`: the norm scale folded in, gate and up rows interleaved), one per
-# (norm weight, gate/up weight, norm, dtype), kept while both weights live:
-# key -> (weak references to the two weights, GateUp).
-_PREPARED: dict = {{}}
-
-
-def prepare_gate_up(norm_weight: torch.Tensor, gate_up_weight: torch.Tensor, norm: str) -> None:
-    """Fold this block's gate/up weight from its current values: a new copy (one extra gate/up in the
-    weights' dtype), or the kept one again, in place (CUDA graphs captured earlier read it). The engines'
-    load_weights call it, so that the copy exists before they size their caches."""
-    key = (id(norm_weight), id(gate_up_weight), norm, gate_up_weight.dtype)
-    entry = _PREPARED.get(key)
-    with torch.inference_mode():
-        folded = fold(norm, norm_weight, None, gate_up_weight, None, gate_up_weight.dtype)
-        if entry is not None:
-            entry[1].weight.copy_(folded.weight)
-            return
-    _keep(key, norm_weight, gate_up_weight, folded)
-
-
-def _keep(key: tuple, norm_weight: torch.Tensor, gate_up_weight: torch.Tensor, gate_up: GateUp) -> None:
-    _PREPARED[key] = ((weakref.ref(norm_weight), weakref.ref(gate_up_weight)), gate_up)
-    for weight in (norm_weight, gate_up_weight):
-        weakref.finalize(weight, _PREPARED.pop, key, None)
-
-
-def prepared_gate_up(
-    norm_weight: torch.Tensor, gate_up_weight: torch.Tensor, norm: str, dtype: torch.dtype
-) -> GateUp:
-    """The folded gate/up weights of this block: the kept copy, or one made now (first use without
-    `prepare_gate_up`) and kept."""
-    key = (id(norm_weight), id(gate_up_weight), norm, dtype)
-    entry = _PREPARED.get(key)
-    if entry is not None:
-        return entry[1]
-    gate_up = fold(norm, norm_weight, None, gate_up_weight, None, dtype)
-    if gate_up_weight.is_cuda and torch.cuda.is_current_stream_capturing():
-        # Correct, but every replay folds again; not kept, so that no eager call reads graph memory.
-        logger.warning(
-            "Standard Kernels: gate/up weights folded inside a CUDA-graph capture (every "
-            "replay folds them again); run the model once before capturing"
-        )
-        return gate_up
-    _keep(key, norm_weight, gate_up_weight, gate_up)
-    return gate_up
-
-
-def refresh_prepared_weights() -> None:
-    """Fold every kept gate/up weight of this process again from its weights' current values, into the same
-    memory (CUDA graphs captured earlier read it): call after writing new values into parameters other than
-    through the model's load_weights (which folds the layers it loads)."""
-    with torch.inference_mode():
-        for (_, _, norm, dtype), (weights, gate_up) in list(_PREPARED.items()):
-            norm_weight, gate_up_weight = weights[0](), weights[1]()
-            if norm_weight is not None and gate_up_weight is not None:
-                folded = fold(norm, norm_weight, None, gate_up_weight, None, dtype)
-                gate_up.weight.copy_(folded.weight)
-
-
 @torch.library.custom_op("{ns}::standard_kernels_fused_gated_mlp", mutates_args=())
 def fused_gated_mlp(
     x: torch.Tensor,
@@ -278,9 +217,9 @@ def fused_gated_mlp(
         [g; u] = n @ gate_up_weight.T              out = (act(g) * u) @ down_weight.T
 
     gate_up_weight [2 * d_ff, d_model] (gate rows first) and down_weight [d_model, d_ff] in x's dtype;
-    activation "silu", "gelu" (erf) or "gelu_tanh". Up to `fused_max_m` rows (decode): three kernels, the row
-    statistics, gate/up on the folded weights with the norm and the activation in its epilogue, and down with
-    K split across programs. Above: the RMSNorm and act-and-mul kernels around torch's GEMMs.
+    activation "silu", "gelu" (erf) or "gelu_tanh". Up to `fused_max_m` rows (decode): three kernels, the
+    add + norm, gate/up on the weight as given with the activation in its epilogue, and down with K split across
+    programs. Above: the RMSNorm and act-and-mul kernels around torch's GEMMs. No weight is copied.
     """
     _count_launch("fused_gated_mlp")
     d = x.shape[-1]
@@ -298,9 +237,9 @@ def fused_gated_mlp(
             )
     x2, r2 = rows_view(x).contiguous(), rows_view(residual).contiguous()
     if x2.shape[0] <= fused_max_m(d, ff):
-        gate_up = prepared_gate_up(norm_weight, gate_up_weight, norm, x.dtype)
         out, h = forward_kernels(
-            tma_ready(x2), tma_ready(r2), gate_up.weight, None, None,
+            tma_ready(x2), tma_ready(r2), norm_weight.contiguous(), None,
+            tma_ready(gate_up_weight.contiguous()), None,
             tma_ready(down_weight.contiguous()), None, epsilon, norm, activation,
         )
     else:

@@ -84,16 +84,14 @@ _FUSED_MLP_MOTIVATION = """
 
 The fused gated MLP (`fused_gated_mlp`) takes a Llama decoder layer's post-attention RMSNorm (with the residual
 add), gate/up projection, SiLU-and-mul and down projection. At decode sizes (up to 32 tokens; 8 for blocks larger
-than d_model · d_ff = 2048 · 16384) it runs three Triton kernels instead of four: the row statistics; the gate/up
-GEMM on a copy of the weight with the norm scale folded in and gate and up rows interleaved, with the norm and the
-activation in its epilogue; and the down GEMM with K split across programs. The weights stream once, and the norm
-and activation kernels, their launches and the intermediate's round trip go away. The folded copy (one per layer,
-the size of gate/up) is made by `load_weights`, so the engine counts it before sizing its KV cache, and folded again
-in place when `load_weights` loads new values; code that writes parameters in place by other means (an in-place
-weight reload or transfer that bypasses `load_weights`) calls `standard_kernels.refresh_prepared_weights()`. Above
-decode sizes it runs the RMSNorm and act-and-mul kernels around the same torch GEMMs the engine runs. The numbers
-below for the fused block were measured through Standard Kernels' adapter, which runs these kernels at the same
-place in the decoder layer."""
+than d_model · d_ff = 2048 · 16384) it runs three Triton kernels instead of four: the add + RMSNorm; the gate/up
+GEMM on the layer's merged weight as loaded (each tile reads the gate rows and the matching up rows), with the
+activation in its epilogue; and the down GEMM with K split across programs, its kernels launched as programmatic
+dependent launches on Hopper. The activation kernel, its launch and the intermediate's round trip go away. No
+weight is copied: the engine's memory and KV cache are what they are without the series, and weights reloaded in
+place are used as they are. Above decode sizes it runs the RMSNorm and act-and-mul kernels around the same torch
+GEMMs the engine runs. The numbers below for the fused block were measured through Standard Kernels' adapter,
+which runs these kernels at the same place in the decoder layer."""
 
 
 def render(engine: str, target: str, ops: tuple[str, ...], switch: str, results: Path, patches: list[str]) -> str:

@@ -9,8 +9,8 @@
   `LlamaMLP` can run as one `fused_gated_mlp` call (unquantized, unbiased, no data-parallel-attention reduce, a
   shape and GPU the kernels cover) and its forward then makes that call (`LlamaMLP.forward_standard_kernels`, which
   reduces across ranks as `RowParallelLinear` would, and takes SGLang's path for other dtypes, LoRA-wrapped or
-  AMX-packed projections, and batch-invariant mode). `LlamaForCausalLM.load_weights` folds the gate/up weights
-  (before SGLang sizes its memory pools; again, in place, on a later load).
+  AMX-packed projections, and batch-invariant mode). The kernels read the layer's own weights: no copy, nothing
+  to redo when weights are reloaded in place.
 - A layer test in `test/srt/`, in SGLang's unittest style.
 """
 from __future__ import annotations
@@ -130,12 +130,6 @@ _LLAMA_MLP_METHODS = '''
             )
         )
 
-    def prepare_standard_kernels(self, norm: nn.Module) -> None:
-        """Fold the fused call's gate/up copy from the loaded weights (again, in place)."""
-        from sglang.srt.layers import standard_kernels
-
-        standard_kernels.prepare_gate_up(norm.weight, self.gate_up_proj.weight, "rms")
-
     def forward_standard_kernels(
         self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
     ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -195,20 +189,6 @@ _LLAMA_LAYER_FORWARD = '''        if self.use_standard_kernels_mlp and type(self
             )
 '''
 
-# LlamaForCausalLM.load_weights: the folded copies, made before SGLang sizes its memory pools, and folded again in
-# place by a later load (every fused layer of the model: the legacy loader does not say what it loaded).
-_LLAMA_LOAD_V2 = "            loaded = self._load_weights_v2(weights)\n"
-_LLAMA_LOAD_LEGACY = f'''        else:
-            loaded = self._legacy_load_weights(weights)
-        if envs.{SWITCH}.get():
-            # The fused MLPs' folded gate/up copies, from the values just loaded.
-            for layer in self.model.layers:
-                if getattr(layer, "use_standard_kernels_mlp", False):
-                    layer.mlp.prepare_standard_kernels(layer.post_attention_layernorm)
-        return loaded
-'''
-
-
 def new_files(ops: tuple[str, ...]) -> dict[str, str]:
     return {}
 
@@ -235,8 +215,6 @@ def edits(ops: tuple[str, ...]) -> list:
             InsertAfterMethod(LLAMA, "LlamaDecoderLayer", "__init__", _LLAMA_LAYER_DECISION),
             InsertAtLine(LLAMA, "hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)",
                          _LLAMA_LAYER_FORWARD, cls="LlamaDecoderLayer", before=True),
-            ReplaceLine(LLAMA, "return self._load_weights_v2(weights)", _LLAMA_LOAD_V2, cls="LlamaForCausalLM"),
-            ReplaceLine(LLAMA, "return self._legacy_load_weights(weights)", _LLAMA_LOAD_LEGACY, cls="LlamaForCausalLM"),
         ]
     return found
 
@@ -372,10 +350,9 @@ _TEST_GATED_MLP = '''
                 error = (out.double() - expected).norm() / expected.norm()
                 self.assertLess(error.item(), MLP_TOLERANCE[dtype], (dtype, num_tokens))
 
-                # Weights loaded in place are folded again, in place, as load_weights does.
+                # Weights loaded in place (as load_weights does) are read as they are now.
                 with torch.no_grad():
                     mlp.gate_up_proj.weight.mul_(-1.0)
-                mlp.prepare_standard_kernels(norm)
                 out, _ = mlp.forward_standard_kernels(x, residual, norm)
                 expected, _ = _reference_mlp(mlp, norm, x, residual)
                 error = (out.double() - expected).norm() / expected.norm()
@@ -386,7 +363,7 @@ _TEST_GATED_MLP = '''
 MLP_DTYPES = (
     [torch.bfloat16, torch.float16] if DEVICE == "cuda" else [torch.float32, torch.float16]
 )
-# Relative norm error against fp64 math on the same inputs: h, the folded gate/up weight, the
+# Relative norm error against fp64 math on the same inputs: h, the normalized h, the
 # activation and the output are each rounded once (unit roundoff u: 4.9e-4 fp16, 3.9e-3 bf16),
 # so 4u; fp32: 1e-5.
 MLP_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}

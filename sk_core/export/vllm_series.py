@@ -10,8 +10,8 @@
 - The fused gated MLP: `LlamaDecoderLayer` decides at construction whether its post-attention RMSNorm and its
   `LlamaMLP` can run as one `fused_gated_mlp` call (unquantized, no biases, no LoRA, not batch-invariant, a shape
   and GPU the kernels cover) and its forward then makes that call (`LlamaMLP.forward_standard_kernels`; vLLM's
-  all-reduce after the down projection stays). `LlamaForCausalLM.load_weights` folds the gate/up weights of the
-  layers it loads (before vLLM profiles its memory and sizes the KV cache; again, in place, on a later load).
+  all-reduce after the down projection stays). The kernels read the layer's own weights: no copy, nothing to
+  redo when weights are reloaded in place.
 - A kernel test in `tests/kernels/core/`, in vLLM's pytest style.
 """
 from __future__ import annotations
@@ -182,12 +182,6 @@ _LLAMA_MLP_METHODS = '''
                 p._cpu_skip_gemm_dispatch = True
         return supported
 
-    def prepare_standard_kernels(self, norm: nn.Module) -> None:
-        """Fold the fused call's gate/up copy from the loaded weights (again, in place)."""
-        from vllm.kernels.triton import standard_kernels
-
-        standard_kernels.prepare_gate_up(norm.weight, self.gate_up_proj.weight, "rms")
-
     def forward_standard_kernels(
         self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -233,20 +227,6 @@ _LLAMA_LAYER_FORWARD = '''        if self.use_standard_kernels_mlp and type(self
             return self.mlp.forward_standard_kernels(
                 hidden_states, residual, self.post_attention_layernorm
             )
-'''
-
-# LlamaForCausalLM.load_weights: the folded copies of the layers it loaded, made before vLLM profiles its memory
-# and sizes the KV cache, and folded again in place by a later load.
-_LLAMA_LOAD_WEIGHTS = f'''        loaded = loader.load_weights(weights)
-        if envs.{SWITCH}:
-            # The fused MLPs' folded gate/up copies, from the values just loaded.
-            for name, layer in self.named_modules():
-                if getattr(layer, "use_standard_kernels_mlp", False) and {{
-                    f"{{name}}.mlp.gate_up_proj.weight",
-                    f"{{name}}.post_attention_layernorm.weight",
-                }} & loaded:
-                    layer.mlp.prepare_standard_kernels(layer.post_attention_layernorm)
-        return loaded
 '''
 
 _ENV_DECLARATION = f"    {SWITCH}: bool = False\n"
@@ -315,7 +295,6 @@ def edits(ops: tuple[str, ...]) -> list:
             InsertAfterMethod(_LLAMA, "LlamaDecoderLayer", "__init__", _LLAMA_LAYER_DECISION),
             InsertAtLine(_LLAMA, "hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)",
                          _LLAMA_LAYER_FORWARD, cls="LlamaDecoderLayer", before=True),
-            ReplaceLine(_LLAMA, "return loader.load_weights(weights)", _LLAMA_LOAD_WEIGHTS, cls="LlamaForCausalLM"),
         ]
     return found
 
@@ -405,7 +384,7 @@ _TEST_GATED_MLP = '''
 MLP_DTYPES = (
     [torch.bfloat16, torch.float16] if DEVICE == "cuda" else [torch.float32, torch.float16]
 )
-# Relative norm error against fp64 math on the same inputs: h, the folded gate/up weight, the activation
+# Relative norm error against fp64 math on the same inputs: h, the normalized h, the activation
 # and the output are each rounded once (unit roundoff u: 4.9e-4 fp16, 3.9e-3 bf16), so 4u; fp32: 1e-5.
 MLP_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 D_MODEL, D_FF = 64, 96
@@ -471,7 +450,6 @@ def test_fused_gated_mlp_follows_weights_reloaded_in_place():
     args = (1e-6, "rms", "silu")
     standard_kernels.fused_gated_mlp(x, residual, norm_weight, gate_up, down, *args)
     gate_up.copy_(torch.randn_like(gate_up) * D_MODEL**-0.5)  # as load_weights does
-    standard_kernels.refresh_prepared_weights()
     out, _ = standard_kernels.fused_gated_mlp(x, residual, norm_weight, gate_up, down, *args)
     expected, _ = ref_gated_mlp(x, residual, norm_weight, gate_up, down, *args)
     error = ((out.double() - expected).norm() / expected.norm()).item()

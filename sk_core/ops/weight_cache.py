@@ -119,12 +119,14 @@ def cacheable(t: torch.Tensor) -> bool:
     return known
 
 
-def cast(op: str, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`weight` as a contiguous `dtype` tensor: itself when it already is one, else a cached copy."""
+def cast(op: str, weight: torch.Tensor, dtype: torch.dtype, *, remake: bool = False) -> torch.Tensor:
+    """`weight` as a contiguous `dtype` tensor: itself when it already is one, else a cached copy (`remake`: as
+    `derived`'s)."""
     if weight.dtype == dtype and weight.is_contiguous():
         return weight
     return derived(op, (weight,), ("cast", dtype),
-                   lambda: torch.empty(weight.shape, dtype=dtype, device=weight.device).copy_(weight.detach()))
+                   lambda: torch.empty(weight.shape, dtype=dtype, device=weight.device).copy_(weight.detach()),
+                   remake=remake)
 
 
 def is_cached(sources: Sequence[torch.Tensor | None], tag: Hashable) -> bool:

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sk import settings
-from sk.reports import copies_held, merge_reports, model_process_reports, read_reports
+from sk.reports import merge_reports, model_process_reports, read_reports
 from sk.workflow import paired, scenarios
 from sk.workflow.candidates import candidate_path, load_candidate
 from sk.workflow.engine_runner import EngineProcess, progress_bars
@@ -156,11 +156,9 @@ def adapter_summary(report_dir: Path, engine: str, engine_starts: int = 1) -> di
     for f in merged["coverage"]["fallbacks"]:
         fallbacks.setdefault(f["op"], {}).setdefault(f["reason"], 0)
         fallbacks[f["op"]][f["reason"]] += f["count"]
-    held = sum((r.get("fused_blocks") or {}).get("prepared_bytes", 0) for r in workers)
     return {"workers": len(workers), "engine_starts": engine_starts, "replaced": sorted(merged["replaced"]),
             "kernel_calls": merged["coverage"]["kernel_calls"],
-            "weights_prepared": merged["coverage"].get("weights_prepared", {}), "fallbacks": fallbacks,
-            "prepared_bytes": held // engine_starts}
+            "weights_prepared": merged["coverage"].get("weights_prepared", {}), "fallbacks": fallbacks}
 
 
 def _lengths(values: list[int]) -> str:
@@ -287,9 +285,6 @@ def print_scenario(console: Console, result: dict) -> None:
             console.print(f"candidate worker: weight copies prepared {adapter['weights_prepared']}"
                           + (f" over its {starts} engine starts (a few per layer and start;" if starts > 1 else
                              " (a few per layer;") + " more means copies made per call)")
-        if adapter.get("prepared_bytes"):
-            console.print(f"candidate worker: {copies_held(adapter['prepared_bytes'])} an engine start, made before "
-                          "the engine sizes its KV cache: that much less KV cache than stock's")
     env = result["environment"]
     engine = f"SGLang {env['sglang']}" if env.get("engine") == "sglang" else f"vLLM {env['vllm']}"
     started = result["settings"].get("start_orders", [])

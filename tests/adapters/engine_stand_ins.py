@@ -2,7 +2,7 @@
 attributes `sk.adapters.fused_blocks` plans from (linears with quant_method, tp_rank/tp_size, reduce_results,
 skip_bias_add, gather_output, input_is_parallel; RMSNorm's options; the activations' approximate), matched by
 class name as the adapters match the engines' classes. Weights are a Parameter subclass with a
-`__torch_function__`, as both engines' `ModelWeightParameter` (the op must cache its prepared copies of them)."""
+`__torch_function__`, as both engines' `ModelWeightParameter` (the op must cache any copy it makes of them)."""
 import torch
 import torch.nn.functional as F
 

@@ -116,8 +116,8 @@ def test_worker_report_shows_our_ops(engine_run, style, mode):
     torch_blocks, triton_blocks = torch_worker["fused_blocks"], triton_worker["fused_blocks"]
     assert torch_blocks["fallback_calls"] > 0 and torch_blocks["kernel_calls"] == {}, torch_blocks
     assert triton_blocks["fallback_calls"] == 0 and triton_blocks["kernel_calls"][FUSED[style]] > 0, triton_blocks
-    # One folded gate/up copy per layer, made before the graphs and reused by every call after.
-    assert triton_blocks["weights_prepared"] == {FUSED[style]: LAYERS}, triton_blocks
+    # No weight copies: the kernels read the layers' own weights (vLLM's KV cache is stock's size).
+    assert triton_blocks["weights_prepared"] == {}, triton_blocks
     # Asked while running, the worker already shows the kernel calls it made so far.
     (live,) = triton_run["on_request"]
     assert live["rank"] == 0 and live["pid"] == triton_worker["pid"]
@@ -174,16 +174,15 @@ def zeroed_llama(tmp_path_factory) -> str:
 
 @pytest.mark.vllm
 def test_weights_reloaded_in_place_are_the_ones_the_fused_blocks_compute_with(engine_run, zeroed_llama):
-    # vLLM's reload_weights writes new weights into the loaded model (its weight loaders, through .data) and the
-    # fused blocks' prepared copies are made again after it, in their own memory. Interpreted, the kernels read
-    # those copies: after the reload the engine answers as an engine started on the new weights does.
+    # vLLM's reload_weights writes new weights into the loaded model (its weight loaders, through .data); the
+    # kernels (interpreted) read the Parameters themselves: after the reload the engine answers as an engine
+    # started on the new weights does.
     reloaded = engine_run("llama", "eager", "sk-triton", "--reload-from", zeroed_llama)
     fresh = engine_run("llama", "eager", "sk-triton", "--model-dir", zeroed_llama)
     assert reloaded["tokens"] == engine_run("llama", "eager", "stock")["tokens"]  # before the reload
     assert reloaded["reloaded"] != reloaded["tokens"] and reloaded["reloaded"] == fresh["tokens"]
     (worker,) = worker_reports(reloaded)
-    # One copy per layer at load, one more per layer after the reload.
-    assert worker["fused_blocks"]["weights_prepared"] == {FUSED["llama"]: 2 * LAYERS}, worker["fused_blocks"]
+    assert worker["fused_blocks"]["weights_prepared"] == {}, worker["fused_blocks"]
 
 
 @pytest.mark.vllm

@@ -5,8 +5,6 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-import sk
-from sk.adapters.fused_blocks import FusedBlocks
 from sk.workflow import evaluate
 from sk.workflow.errors import WorkflowError
 from sk.workflow.scenarios import Scenario
@@ -170,23 +168,6 @@ def test_weight_copies_are_read_per_engine_start():
     assert ("candidate worker: weight copies prepared {'fused_gated_mlp': 8} over its 2 engine starts (a few per "
             "layer and start; more means copies made per call)") in text
     assert "(a few per layer; more" in printed([row], "PASS", weights_prepared={"fused_gated_mlp": 4})
-
-
-def test_the_memory_of_the_weight_copies_is_told_per_engine_start(tmp_path):
-    # Two engine starts (--restarts 2), one worker each, whose fused blocks hold 3 GiB of gate/up copies: 3 GiB a
-    # start, which the candidate's KV cache lacks (the 0.86x throughput of 2026-12-05's Qwen3-8B pair on an H100).
-    blocks = FusedBlocks()
-    blocks.prepared_bytes = 3 * 2**30
-    for pid in (11, 12):
-        report = {**sk.reports.process_report("vllm", {"decoder layers (norm + MLP)": "sk"}, 0,
-                                              fused_blocks=blocks.report()), "pid": pid}
-        (tmp_path / f"vllm-{pid}.json").write_text(json.dumps(report))
-    adapter = evaluate.adapter_summary(tmp_path, "vllm", engine_starts=2)
-    assert adapter["workers"] == 2 and adapter["prepared_bytes"] == 3 * 2**30
-    row = evaluate.compare_workload("LLM.single_request", greedy([[1]]), greedy([[1]]), timings([1.0, 1.0], [1.0, 1.0]))
-    text = printed([row], "PASS", **{k: v for k, v in adapter.items() if k != "workers"})
-    assert ("candidate worker: folded gate/up copies 3.00 GiB an engine start, made before the engine sizes its KV "
-            "cache: that much less KV cache than stock's") in text
 
 
 def test_a_self_test_with_a_candidate_folder_is_refused(tmp_path):

@@ -9,7 +9,7 @@ Modules, one op's kernel → reference → custom op → autograd → API apart 
 - `common`: what both ops' kernels and launchers share (`TileConfig`, the Triton tile helpers `_tile_coords` /
   `_tile_product`, the TMA descriptor fast path, cdiv / next_power_of_2 / align, sm_count, TMA_ALIGN).
 - engine form (`fused_gated_mlp`): `reference` (the PyTorch computation: fallback, fp64 oracle, baseline),
-  `weights` (the prepared gate/up weights, cached), `triton_kernels` (kernels, launchers, the config table),
+  `triton_kernels` (kernels, launchers, the config table),
   `op` (the custom op `sk::fused_gated_mlp`, dispatch and argument checks).
 - one projection (`linear`, the down kernel on its own for the decoder's other weight streams): `linear`
   (reference, custom op `sk::linear`, dispatch, argument checks), its launcher in `triton_kernels`.
@@ -18,14 +18,14 @@ Modules, one op's kernel → reference → custom op → autograd → API apart 
   function), `quack_backend` (whether QuACK's CuTe-DSL GEMMs may run: version and structure check) and
   `quack_gemms` (those GEMMs, imported only through `quack_backend.available`).
 
-Imports point one way: common ← {triton_kernels, geglu_kernels, quack_gemms}; weights, reference ← op;
+Imports point one way: common ← {triton_kernels, geglu_kernels, quack_gemms}; reference ← op;
 triton_kernels ← linear;
 quack_backend ← geglu_kernels ← geglu (tests/test_package.py checks there is no cycle).
 
 Internal, for benchmarks and tests (names without a leading underscore, listed in each module's docstring; no
 argument checks, no coverage decisions): `triton_kernels.forward_kernels` / `linear_kernels` / `linear_config` /
 `linear_counters` / `capture_counters` / `split_counters` / `GemmConfig` / `choose_configs` / `fit_configs` /
-`fit_split` / the kernel objects, `weights.fold`, `geglu_kernels.forward_kernels` / `GemmConfig` /
+`fit_split` / the kernel objects, `geglu_kernels.forward_kernels` / `GemmConfig` /
 `choose_configs` / `shape_class` / the config tables / the kernel objects, `geglu.fold_gate_up` /
 `folded_gate_up` / `compute_weight` / `ln_backward` / `geglu_op` / `step_graphs`, `quack_backend.available`,
 `common.cdiv` / `align` / `next_power_of_2` / `CHECK_DESCRIPTORS`. Nothing outside the package uses its private

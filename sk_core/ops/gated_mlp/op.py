@@ -22,7 +22,7 @@ import torch
 from sk import coverage
 from sk.ops import weight_cache
 from sk.ops._common import FLOAT_DTYPES, attach_reference_backward, check_float, check_same_device
-from sk.ops.gated_mlp import triton_kernels, weights
+from sk.ops.gated_mlp import triton_kernels
 from sk.ops.gated_mlp.common import is_eager
 from sk.ops.gated_mlp.reference import ACTIVATIONS, NORMS, gated_mlp_reference
 
@@ -54,15 +54,18 @@ def kernel_miss(x: torch.Tensor, norm: str, d_model: int, d_ff: int) -> str | No
 
 def prepare_weights(norm_weight: torch.Tensor, gate_up_weight: torch.Tensor, *, norm: str = "rms",
                     norm_bias: torch.Tensor | None = None, gate_up_bias: torch.Tensor | None = None,
-                    dtype: torch.dtype | None = None, refresh: bool = False) -> bool:
-    """Make now the prepared gate/up copy that calls with activations of `dtype` (default: the weight's) will
-    read, where the kernels cover such calls; returns whether it did. The op makes it at its first call
-    otherwise: an engine calls this after loading its weights, so that the copy (the size of gate/up) exists
-    before it sizes its caches from the memory left. Records nothing but the copy's count.
+                    down_weight: torch.Tensor | None = None, dtype: torch.dtype | None = None,
+                    refresh: bool = False) -> bool:
+    """Make now the weight copies that calls with activations of `dtype` (default: gate/up's) will read, where
+    the kernels cover such calls; returns whether they do. The kernels read the weights as given, so copies exist
+    only for weights of another dtype than the activations, or not contiguous (a cast, cached per weight
+    version: `sk.ops.weight_cache`); the op makes them at its first call otherwise. An engine calls this after
+    loading its weights, so that any copy exists before it sizes its caches from the memory left.
 
     `refresh=True`: after the weights were written in a way their version counters do not show (through
-    `.data`, as the engines' weight loaders write), or while CUDA graphs that read the copy stay in use: the
-    copy is made again into its own memory, so that those graphs compute with the new weights too."""
+    `.data`, as the engines' weight loaders write), or while CUDA graphs that read a copy stay in use: each copy
+    is made again into its own memory, so that those graphs compute with the new weights too. norm_weight,
+    norm_bias and gate_up_bias are read as given at every call."""
     if norm not in NORMS:
         raise ValueError(f"sk.ops.gated_mlp.prepare_weights: norm must be one of {', '.join(map(repr, NORMS))}; "
                          f"got {norm!r}")
@@ -75,8 +78,10 @@ def prepare_weights(norm_weight: torch.Tensor, gate_up_weight: torch.Tensor, *, 
     probe = gate_up_weight.new_empty((0, d), dtype=dtype)
     if kernel_miss(probe, norm, d, ff) is not None:
         return False
-    weights.prepared_gate_up(coverage_name(norm), norm, norm_weight, norm_bias, gate_up_weight, gate_up_bias, dtype,
-                             remake=refresh)
+    name = coverage_name(norm)
+    for weight in (gate_up_weight, down_weight):
+        if weight is not None:
+            weight_cache.cast(name, weight, dtype, remake=refresh)
     return True
 
 
@@ -109,13 +114,14 @@ def _forward(
     if x.shape[0] > triton_kernels.fused_max_m(d, ff) and norm != "layer":
         return _composed(x, residual, norm_weight, gate_up_weight, gate_up_bias, down_weight, down_bias, eps, norm,
                          activation, name)
-    gate_up = weights.prepared_gate_up(name, norm, norm_weight, norm_bias, gate_up_weight, gate_up_bias, dtype)
-    wd = weights.prepared_down(name, down_weight, dtype)
     tma = triton_kernels.tma_ready
-    bd = None if down_bias is None else down_bias.contiguous()
+
+    def vector(t):
+        return None if t is None else t.contiguous()
     return triton_kernels.forward_kernels(
-        tma(x), None if residual is None else tma(residual), tma(gate_up.weight), gate_up.colsum, gate_up.shift,
-        tma(wd), bd, eps, norm, activation)
+        tma(x), None if residual is None else tma(residual), vector(norm_weight), vector(norm_bias),
+        tma(weight_cache.cast(name, gate_up_weight, dtype)), vector(gate_up_bias),
+        tma(weight_cache.cast(name, down_weight, dtype)), vector(down_bias), eps, norm, activation)
 
 
 def _composed(x, residual, norm_weight, gate_up_weight, gate_up_bias, down_weight, down_bias, eps, norm, activation,
@@ -242,9 +248,9 @@ def fused_gated_mlp(
     Returns (out, h), both shaped like x (h is x itself without a residual). A tensor-parallel shard (d_ff / tp
     rows of gate and up, the matching columns of down) is just a smaller d_ff. Statistics and the activation in
     fp32, products accumulated in fp32; bf16 and fp16 run the Triton kernels where the Kernel Coverage table
-    says so, anything else (fp32, CPU, other widths) the PyTorch reference, recorded. The gate/up weights are
-    prepared once per weight version (norm scale folded in, rows interleaved; `sk.ops.gated_mlp.weights`: one
-    extra copy of gate/up in the compute dtype), so call the op once before capturing a CUDA graph.
+    says so, anything else (fp32, CPU, other widths) the PyTorch reference, recorded. The kernels read the
+    weights as given; weights of another dtype than x's (or not contiguous) are cast once per weight version
+    (`prepare_weights`), so call the op once before capturing a CUDA graph with such weights.
     Under autocast an fp32 x (and residual) is converted to the autocast dtype; the outputs have x's dtype.
     """
     args = (x, norm_weight, gate_up_weight, down_weight, eps, residual, norm, activation, norm_bias, gate_up_bias,

@@ -12,9 +12,7 @@ table, the tests' oracle (run in fp64) and the benchmarks' baseline.
 Returns (out, h). "round" is to x's dtype; statistics and the activation are computed in fp32 (fp64 for fp64
 inputs); the projections run in x's dtype with fp32 accumulation (torch's bf16/fp16 matmul), as vLLM's and
 SGLang's `fused_add_rms_norm` → GEMM → `silu_and_mul` → GEMM sequence does. The kernels
-(`triton_kernels.py`) round differently in one place: they round w ⊙ W (the norm scale folded into the gate/up
-weights) once instead of the normalized activation, and keep [g; u] in fp32; both are one rounding of the same
-size, so the same tolerances hold against the fp64 oracle.
+(`triton_kernels.py`) make the same roundings except one: they keep [g; u] in fp32 for the activation.
 """
 from __future__ import annotations
 

@@ -1,31 +1,25 @@
 """Triton kernels of the gated-MLP block (inference: bf16/fp16 on SM90; fp32/fp16 under TRITON_INTERPRET=1 for
-the CPU tests), their launchers and the launch-config table.
+the CPU tests), their launchers and the launch-config table. They read the weights as the caller holds them (the
+engines' merged [gate; up] included): no copy of any weight is made, so a model costs no more memory with them.
 
-Up to three kernels per call:
-  S. `_stats_kernel` (skipped when the gate/up config has `stats_in_loop` and there is no residual): per row,
-     h = round(x + residual) (stored: the op's residual_out) and its statistics in fp32, exactly in two passes
-     over the row held in registers: rstd (and, for "layer", the mean), 8 bytes a row.
-  A. `_gate_up_kernel`: one GEMM h @ W'ᵀ on the prepared weights (`weights.py`: norm scale folded in, gate and
-     up rows interleaved), so both operands go from TMA into shared memory into the tensor cores untouched;
-     the epilogue applies rstd (and the mean correction), the biases, act(g)·u in fp32, rounds once and
-     stores a [M, d_ff]. For small M (`swap_ab`) the product runs transposed, W'·hᵀ, so that the weight tile
-     takes wgmma's 64-row side and the few token rows (padded to 16 by TMA's zero fill) its narrow side.
-     Nothing else reads the h tile that TMA brings in: Triton 3.6's pipeliner gives a wgmma operand that is
-     also read from registers one shared-memory buffer fewer than the async wgmma in flight needs, a race
-     (see `geglu_kernels`' docstring and tests/test_fused_pre_norm_geglu.py's test of the compiled kernel's
-     buffers).
-     So with `stats_in_loop` (residual None only) the statistics come from a second, plain pointer load of the
-     same x block in the K loop (from L2), never from the TMA tile; the one-pass variance it computes for
-     "layer" loses precision when |mean|/std is large, which is why the statistics kernel is the default.
+Three kernels per call:
+  S. `_norm_kernel`: per row, h = round(x + residual) (stored: the op's residual_out) and the normalized row
+     n = round(norm(h)) (stored), statistics in fp32 over the row held in registers, exactly in two passes:
+     the engines' add + RMSNorm kernel, with the same roundings.
+  A. `_gate_up_kernel`: the gate/up GEMM on n, each tile two products over the same n block (gate rows j..j+H
+     and up rows d_ff+j..d_ff+j+H of the weight as given, through two TMA descriptors), both operands from TMA
+     into shared memory into the tensor cores untouched; the epilogue adds the biases, computes act(g)·u in
+     fp32, rounds once and stores a [M, d_ff]. For small M (`swap_ab`) the products run transposed, W·nᵀ, so
+     that the weight tiles take wgmma's 64-row side (H ≥ 64 there) and the few token rows (padded to 16 by TMA's
+     zero fill) its narrow side.
   B. `_down_kernel`: out = a @ Wdᵀ (+ bd). When the output has too few tiles to fill the GPU (decode: d_model /
      BLOCK_N tiles), K is split across programs that each write an fp32 partial; the last program to finish a
      tile (an acq_rel atomic counter, zeroed by program 0 of kernel A: no memset launch) sums the partials in
      split order: the same bits every run.
 Where the gate/up config asks for it (`dependent_launch`) and not interpreted, the kernels launch as
 programmatic dependent launches (Hopper's PDL), as the GEGLU op's do: S waits for the kernel before the op and
-then lets A launch; A waits for S before reading what S wrote (h: before its main loop when there is a
-residual; otherwise only the statistics, in its epilogue) and lets B launch at its start or after its stores;
-B waits for A before reading a. A kernel that is the op's first (A with `stats_in_loop`) waits first.
+then lets A launch; A waits for S before its main loop (it reads n) and lets B launch at its start or after its
+stores; B waits for A before reading a.
 
 Operands are read through TMA descriptors: rows of 16 bytes' multiples (d_model and d_ff multiples of 8), a
 16-byte-aligned base (`tma_ready`); other widths take the op's recorded fallback.
@@ -48,22 +42,25 @@ from sk.ops.gated_mlp.common import (  # noqa: F401 (the kernels call the _-name
     sm_count, tma_ready,
 )
 
+NORM_OFFSETS = {"rms": 0.0, "gemma_rms": 1.0, "layer": 0.0}  # the scale is w + offset
+
 
 # ----------------------------------------------------------------------------------------------- kernels
 
 @triton.jit(do_not_specialize=["n_rows", "eps"])
-def _stats_kernel(
-    x_ptr, r_ptr, h_ptr, stats_ptr, n_rows, d, eps,
-    D_ALIGN: tl.constexpr, HAS_RESIDUAL: tl.constexpr, LAYER: tl.constexpr, PDL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+def _norm_kernel(
+    x_ptr, r_ptr, w_ptr, b_ptr, h_ptr, n_ptr, n_rows, d, eps, w_offset,
+    D_ALIGN: tl.constexpr, HAS_RESIDUAL: tl.constexpr, LAYER: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    # stats is [2, n_rows] fp32: mean (0 unless LAYER), then rstd.
+    # n = round((h - mean) * rstd * (w + w_offset) (+ b)); mean = 0 unless LAYER.
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
     row_stride = d // D_ALIGN * D_ALIGN  # == d, written so the compiler knows its alignment (wide loads)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_D)[None, :]
+    col = tl.arange(0, BLOCK_D)
+    cols = col[None, :]
     row_ok = rows < n_rows
     mask = row_ok[:, None] & (cols < d)
     offs = rows.to(tl.int64)[:, None] * row_stride + cols
@@ -77,85 +74,60 @@ def _stats_kernel(
         h = x.to(tl.float32)
     if LAYER:
         mean = tl.sum(h, axis=1) / d
-        centered = tl.where(mask, h - mean[:, None], 0.0)
-        var = tl.sum(centered * centered, axis=1) / d
-    else:
-        mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        var = tl.sum(h * h, axis=1) / d
-    tl.store(stats_ptr + rows, mean, mask=row_ok)
-    tl.store(stats_ptr + n_rows + rows, tl.rsqrt(var + eps), mask=row_ok)
+        h = tl.where(mask, h - mean[:, None], 0.0)
+    rstd = tl.rsqrt(tl.sum(h * h, axis=1) / d + eps)
+    w = tl.load(w_ptr + col, mask=col < d, other=0.0).to(tl.float32) + w_offset
+    n = h * rstd[:, None] * w[None, :]
+    if HAS_BIAS:
+        n += tl.load(b_ptr + col, mask=col < d, other=0.0).to(tl.float32)[None, :]
+    tl.store(n_ptr + offs, n.to(n_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["n_rows", "eps", "n_arrivals"])
+@triton.jit(do_not_specialize=["n_rows", "n_arrivals"])
 def _gate_up_kernel(
-    h_desc, w_desc, h_ptr, stats_ptr, colsum_ptr, shift_ptr, a_ptr, arrivals_ptr, n_rows, d, ff, eps, n_arrivals,
-    D_ALIGN: tl.constexpr, FF_ALIGN: tl.constexpr, K_BLOCKS: tl.constexpr, LAYER: tl.constexpr,
-    HAS_SHIFT: tl.constexpr, ACT: tl.constexpr, SWAP_AB: tl.constexpr, STATS_IN_LOOP: tl.constexpr,
-    PDL: tl.constexpr, WAIT_FIRST: tl.constexpr, DOWN_AT_START: tl.constexpr, ARRIVALS_BLOCK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    n_desc, gate_desc, up_desc, bias_ptr, a_ptr, arrivals_ptr, n_rows, ff, n_arrivals,
+    FF_ALIGN: tl.constexpr, K_BLOCKS: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+    SWAP_AB: tl.constexpr, PDL: tl.constexpr, DOWN_AT_START: tl.constexpr, ARRIVALS_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    # BLOCK_N counts weight rows: a tile computes BLOCK_N / 2 columns of a (gate and up rows interleaved).
-    # TMA zero-fills past every edge (rows past n_rows, k past d_model, weight rows past 2·d_ff): no masks in
+    # A tile computes HALF columns of a from HALF gate rows and the HALF up rows of the same columns. TMA
+    # zero-fills past every edge (rows past n_rows, k past d_model, rows past d_ff of either half): no masks in
     # the loop; the stores are masked.
-    if PDL and WAIT_FIRST:
-        gdc_wait()
-    if PDL and DOWN_AT_START:
-        gdc_launch_dependents()
+    if PDL:
+        gdc_wait()  # n comes from the norm kernel
+        if DOWN_AT_START:
+            gdc_launch_dependents()
     if ARRIVALS_BLOCK > 0:  # the down kernel's split-K arrival counters; it reads them after this grid ends
         if tl.program_id(0) == 0:
             counters = tl.arange(0, ARRIVALS_BLOCK)
             tl.store(arrivals_ptr + counters, tl.zeros((ARRIVALS_BLOCK,), tl.int32), mask=counters < n_arrivals)
-    HALF: tl.constexpr = BLOCK_N // 2
-    num_m, num_n = tl.cdiv(n_rows, BLOCK_M), tl.cdiv(2 * ff, BLOCK_N)
-    pid_m, pid_n = _tile_coords(tl.program_id(0), num_m, num_n, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = offs_m < n_rows
-    if STATS_IN_LOOP:
-        # The statistics from a second, plain load of the x block (never from the TMA tile: see the docstring).
-        row_stride = d // D_ALIGN * D_ALIGN
-        acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-        s1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        s2 = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for k in tl.range(K_BLOCKS, loop_unroll_factor=1):
-            a = h_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
-            b = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
-            if SWAP_AB:
-                acc = tl.dot(b, a.T, acc)
-            else:
-                acc = tl.dot(a, b.T, acc)
-            k_offs = k * BLOCK_K + tl.arange(0, BLOCK_K)
-            xs = tl.load(h_ptr + offs_m.to(tl.int64)[:, None] * row_stride + k_offs[None, :],
-                         mask=row_ok[:, None] & (k_offs < d)[None, :], other=0.0).to(tl.float32)
-            s1 += tl.sum(xs, axis=1)
-            s2 += tl.sum(xs * xs, axis=1)
+    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.cdiv(ff, HALF), GROUP_M)
+    row0, col0 = pid_m * BLOCK_M, pid_n * HALF
+    acc_g = tl.zeros((HALF, BLOCK_M) if SWAP_AB else (BLOCK_M, HALF), dtype=tl.float32)
+    acc_u = tl.zeros((HALF, BLOCK_M) if SWAP_AB else (BLOCK_M, HALF), dtype=tl.float32)
+    for k in tl.range(K_BLOCKS, loop_unroll_factor=1):
+        a = n_desc.load([row0, k * BLOCK_K])
+        wg = gate_desc.load([col0, k * BLOCK_K])
+        wu = up_desc.load([col0, k * BLOCK_K])
         if SWAP_AB:
-            acc = acc.T
-        if LAYER:
-            mean = s1 / d
-            rstd = tl.rsqrt(tl.maximum(s2 / d - mean * mean, 0.0) + eps)
+            acc_g = tl.dot(wg, a.T, acc_g)
+            acc_u = tl.dot(wu, a.T, acc_u)
         else:
-            mean = s1 * 0.0
-            rstd = tl.rsqrt(s2 / d + eps)
-    else:
-        acc = _tile_product(h_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K_BLOCKS, SWAP_AB,
-                            BLOCK_M, BLOCK_N, BLOCK_K)
-        if PDL and not WAIT_FIRST:
-            gdc_wait()  # the statistics kernel has finished: its rstd (and mean) are in memory
-        mean = tl.load(stats_ptr + offs_m, mask=row_ok, other=0.0)
-        rstd = tl.load(stats_ptr + n_rows + offs_m, mask=row_ok, other=0.0)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols_ok = cols < 2 * ff
-    if LAYER:
-        acc -= mean[:, None] * tl.load(colsum_ptr + cols, mask=cols_ok, other=0.0)[None, :]
-    acc = acc * rstd[:, None]
-    if HAS_SHIFT:
-        acc += tl.load(shift_ptr + cols, mask=cols_ok, other=0.0)[None, :]
-    g, u = tl.split(tl.reshape(acc, (BLOCK_M, HALF, 2)))  # even columns gate, odd up
-    out = (activate(g, ACT) * u).to(a_ptr.dtype.element_ty)
+            acc_g = tl.dot(a, wg.T, acc_g)
+            acc_u = tl.dot(a, wu.T, acc_u)
+    if SWAP_AB:
+        acc_g = acc_g.T
+        acc_u = acc_u.T
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    out_cols = col0 + tl.arange(0, HALF)
+    cols_ok = out_cols < ff
+    if HAS_BIAS:
+        acc_g += tl.load(bias_ptr + out_cols, mask=cols_ok, other=0.0).to(tl.float32)[None, :]
+        acc_u += tl.load(bias_ptr + ff + out_cols, mask=cols_ok, other=0.0).to(tl.float32)[None, :]
+    out = (activate(acc_g, ACT) * acc_u).to(a_ptr.dtype.element_ty)
     ff_stride = ff // FF_ALIGN * FF_ALIGN  # == ff (alignment known to the compiler: wide stores)
-    out_cols = pid_n * HALF + tl.arange(0, HALF)
     tl.store(a_ptr + offs_m.to(tl.int64)[:, None] * ff_stride + out_cols[None, :], out,
-             mask=row_ok[:, None] & (out_cols < ff)[None, :])
+             mask=(offs_m < n_rows)[:, None] & cols_ok[None, :])
     if PDL and not DOWN_AT_START:
         gdc_launch_dependents()
 
@@ -202,14 +174,12 @@ def _down_epilogue(acc, bd_ptr, y_desc, pid_m, pid_n, d, HAS_BIAS: tl.constexpr,
 class GemmConfig(TileConfig):
     """`TileConfig` (tile shape and launch of one GEMM kernel, `source`) with this op's meanings and knobs:
 
-    block_n: weight rows per tile (gate/up: gate and up interleaved, so BLOCK_N / 2 output columns).
+    block_n: weight rows per tile (gate/up: block_n / 2 gate rows and as many up rows, so block_n / 2 output
+        columns; with swap_ab at least 128, wgmma's 64 rows a half).
     split_k (down only): 1 none, n > 1 exactly n (fewer if K has fewer blocks), 0 automatic: enough splits
         for `split_waves` waves of programs on the GPU's SMs, each split at least 2 K blocks.
-    stats_in_loop (gate/up only): without a residual, no statistics kernel: gate/up sums the row statistics
-        from its own K loop (see the module docstring).
     """
     split_waves: float = 2.0
-    stats_in_loop: bool = False
 
 
 # Shape classes by the number of rows M (the tokens of a step); the table holds one (gate_up, down) pair per
@@ -218,10 +188,9 @@ class GemmConfig(TileConfig):
 # points, "untuned". Shared memory per stage is (block_m + block_n) · block_k · 2 bytes, at most ~220 KB
 # for all stages.
 # - m8 / m32 (decode): weight streaming. Products transposed (the weight tile is wgmma's M side, tokens padded
-#   to 16/32), 128 weight rows × 128 of K a stage, 4 stages (~150 KB in flight per SM, far above what an SM
-#   needs to saturate its share of HBM); the down GEMM split over K to ≥ 2 waves of programs (its d_model/128
-#   tiles are a quarter of the SMs); gate/up lets the down kernel launch at its start. Gate/up tiles are
-#   halved (64 weight rows) when 128-row tiles would leave SMs idle (`choose_configs`).
+#   to 16/32), 128 weight rows (64 gate, 64 up) × 128 of K a stage, 4 stages (~150 KB in flight per SM, far
+#   above what an SM needs to saturate its share of HBM); the down GEMM split over K to ≥ 2 waves of programs
+#   (its d_model/128 tiles are a quarter of the SMs); gate/up lets the down kernel launch at its start.
 # - m128: 64-row tiles, no swap; down split to fill the GPU.
 # - m1024, large (prefill): 128 × 128 / 128 × 256 tiles, 8 warps, grouped row order (GROUP_M 8).
 M_CLASSES = ((8, "m8"), (32, "m32"), (128, "m128"), (1024, "m1024"))
@@ -267,8 +236,11 @@ def shape_class(m: int) -> str:
 
 def fit_configs(gate_up: GemmConfig, down: GemmConfig, m: int, d: int, ff: int, sms: int
                 ) -> tuple[GemmConfig, GemmConfig]:
-    """Both configs fitted to the problem: blocks no larger than it, down's automatic split resolved."""
-    return gate_up.fitted(m, 2 * ff, d), fit_split(down, m, d, ff, sms)
+    """Both configs fitted to the problem: blocks no larger than it (except gate/up's halves: at least tl.dot's 16
+    rows, wgmma's 64 when swapped), down's automatic split resolved."""
+    gate_up = gate_up.fitted(m, 2 * ff, d)
+    gate_up = dataclasses.replace(gate_up, block_n=max(gate_up.block_n, 128 if gate_up.swap_ab else 32))
+    return gate_up, fit_split(down, m, d, ff, sms)
 
 
 def fit_split(config: GemmConfig, m: int, n: int, k: int, sms: int) -> GemmConfig:
@@ -289,12 +261,6 @@ def choose_configs(m: int, d: int, ff: int, sms: int) -> tuple[GemmConfig, GemmC
     """(gate_up, down) configs for m rows of (d_model d, d_ff ff) on a GPU of `sms` SMs."""
     cls = shape_class(m)
     gate_up, down = TUNED.get((cls, d, ff)) or (GATE_UP_CONFIGS[cls], DOWN_CONFIGS[cls])
-    if gate_up.swap_ab and (cls, d, ff) not in TUNED:
-        # Decode: fewer weight rows per tile while the gate/up grid would leave SMs idle (64: wgmma's M side).
-        block_n = gate_up.block_n
-        while block_n > 64 and cdiv(2 * ff, block_n) < sms:
-            block_n //= 2
-        gate_up = dataclasses.replace(gate_up, block_n=block_n)
     return fit_configs(gate_up, down, m, d, ff, sms)
 
 
@@ -307,15 +273,17 @@ def pdl_on() -> bool:
 
 
 def forward_kernels(
-    x: torch.Tensor, residual: Optional[torch.Tensor], gate_up_weight: torch.Tensor, colsum: Optional[torch.Tensor],
-    shift: Optional[torch.Tensor], down_weight: torch.Tensor, down_bias: Optional[torch.Tensor], eps: float,
-    norm: str, activation: str, configs: Optional[tuple[GemmConfig, GemmConfig]] = None,
+    x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor, norm_bias: Optional[torch.Tensor],
+    gate_up_weight: torch.Tensor, gate_up_bias: Optional[torch.Tensor], down_weight: torch.Tensor,
+    down_bias: Optional[torch.Tensor], eps: float, norm: str, activation: str,
+    configs: Optional[tuple[GemmConfig, GemmConfig]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the kernels on 2-D contiguous, TMA-ready tensors: x and residual [M, d_model] (residual may be
-    None), the prepared gate/up weight [2·d_ff, d_model] with its fp32 vectors (`weights.fold`), down_weight
-    [d_model, d_ff] in x's dtype, down_bias [d_model] or None. Returns (out, h); h is empty without a residual
-    (it is x). `configs` (already fitted, e.g. `fit_configs`) overrides the table: the benchmark's sweep and
-    the tests use it. A documented-internal entry point: no argument checks, no coverage decision."""
+    None); norm_weight and norm_bias [d_model] (any float dtype: read in fp32; the bias for "layer" only, or
+    None); gate_up_weight [2·d_ff, d_model] (gate rows first) and down_weight [d_model, d_ff] in x's dtype;
+    gate_up_bias [2·d_ff] and down_bias [d_model] or None. Returns (out, h); h is empty without a residual (it
+    is x). `configs` (already fitted, e.g. `fit_configs`) overrides the table: the benchmark's sweep and the
+    tests use it. A documented-internal entry point: no argument checks, no coverage decision."""
     m, d = x.shape
     ff = down_weight.shape[1]
     dtype, dev = x.dtype, x.device
@@ -324,9 +292,8 @@ def forward_kernels(
     if m == 0:
         return out, h
     gate_up, down = configs or choose_configs(m, d, ff, sm_count(dev))
-    layer = norm == "layer"
-    in_loop = gate_up.stats_in_loop and residual is None
     pdl = pdl_on() and gate_up.dependent_launch != "none"
+    n = torch.empty((m, d), dtype=dtype, device=dev)
     a = torch.empty((m, ff), dtype=dtype, device=dev)
     tiles = cdiv(m, down.block_m) * cdiv(d, down.block_n)
     if down.split_k > 1:
@@ -334,29 +301,28 @@ def forward_kernels(
         partial, arrivals = scratch[: down.split_k * m * d], scratch[down.split_k * m * d:].view(torch.int32)
     else:
         partial, arrivals = out, out  # unread without a split
-    hx = x if residual is None else h  # what the gate/up GEMM reads
-    stats = x if in_loop else torch.empty((2, m), dtype=torch.float32, device=dev)  # unread in the loop variant
 
-    if not in_loop:
-        block_d = next_power_of_2(d)
-        rows_per_program = max(1, min(16, 2048 // block_d))
-        _stats_kernel[(cdiv(m, rows_per_program),)](
-            x, residual if residual is not None else x, h, stats, m, d, eps,
-            D_ALIGN=align(d), HAS_RESIDUAL=residual is not None, LAYER=layer, PDL=pdl,
-            BLOCK_M=rows_per_program, BLOCK_D=block_d,
-            num_warps=min(16, max(1, rows_per_program * block_d // 512)), launch_pdl=pdl,
-        )
+    block_d = next_power_of_2(d)
+    rows_per_program = max(1, min(16, 2048 // block_d))
+    has_norm_bias = norm == "layer" and norm_bias is not None
+    _norm_kernel[(cdiv(m, rows_per_program),)](
+        x, residual if residual is not None else x, norm_weight, norm_bias if has_norm_bias else norm_weight, h, n,
+        m, d, eps, NORM_OFFSETS[norm],
+        D_ALIGN=align(d), HAS_RESIDUAL=residual is not None, LAYER=norm == "layer", HAS_BIAS=has_norm_bias,
+        PDL=pdl, BLOCK_M=rows_per_program, BLOCK_D=block_d,
+        num_warps=min(16, max(1, rows_per_program * block_d // 512)), launch_pdl=pdl,
+    )
 
     c = gate_up
-    _gate_up_kernel[(cdiv(m, c.block_m) * cdiv(2 * ff, c.block_n),)](
-        descriptor(hx, [c.block_m, c.block_k]), descriptor(gate_up_weight, [c.block_n, c.block_k]), hx, stats,
-        colsum if colsum is not None else stats, shift if shift is not None else stats, a, arrivals,
-        m, d, ff, eps, tiles,
-        D_ALIGN=align(d), FF_ALIGN=align(ff), K_BLOCKS=cdiv(d, c.block_k), LAYER=layer,
-        HAS_SHIFT=shift is not None, ACT=activation, SWAP_AB=c.swap_ab, STATS_IN_LOOP=in_loop, PDL=pdl,
-        WAIT_FIRST=in_loop or residual is not None, DOWN_AT_START=c.dependent_launch == "at_start",
+    half = c.block_n // 2
+    _gate_up_kernel[(cdiv(m, c.block_m) * cdiv(ff, half),)](
+        descriptor(n, [c.block_m, c.block_k]), descriptor(gate_up_weight[:ff], [half, c.block_k]),
+        descriptor(gate_up_weight[ff:], [half, c.block_k]),
+        gate_up_bias if gate_up_bias is not None else n, a, arrivals, m, ff, tiles,
+        FF_ALIGN=align(ff), K_BLOCKS=cdiv(d, c.block_k), HAS_BIAS=gate_up_bias is not None, ACT=activation,
+        SWAP_AB=c.swap_ab, PDL=pdl, DOWN_AT_START=c.dependent_launch == "at_start",
         ARRIVALS_BLOCK=max(16, next_power_of_2(tiles)) if down.split_k > 1 else 0,
-        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+        BLOCK_M=c.block_m, HALF=half, BLOCK_K=c.block_k, GROUP_M=c.group_m,
         num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl,
     )
 
@@ -466,6 +432,6 @@ def linear_kernels(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
 
 
 # The kernel objects under documented-internal names (the compile report reads them).
-stats_kernel = _stats_kernel
+norm_kernel = _norm_kernel
 gate_up_kernel = _gate_up_kernel
 down_kernel = _down_kernel
