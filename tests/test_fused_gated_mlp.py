@@ -581,7 +581,8 @@ def test_prepare_weights_makes_only_the_casts_the_calls_read():
     assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 2}
     with pytest.raises(ValueError, match="prepare_weights: norm must be one of 'rms', 'gemma_rms', 'layer'; got 'foo'"):
         sk.ops.gated_mlp.prepare_weights(block["norm_weight"], block["gate_up_weight"], norm="foo")
-    with pytest.raises(ValueError, match=r"gate_up_weight must be \(2·d_ff, d_model\), gate rows first; got \(3, 64\)"):
+    with pytest.raises(ValueError,
+                       match=r"gate_up_weight must be \(2·d_ff, d_model\), gate rows first; got \(3, 64\)"):
         sk.ops.gated_mlp.prepare_weights(block["norm_weight"], block["gate_up_weight"][:3])
     # fp64 is outside every kernel's cover: nothing is made, nothing recorded.
     assert not sk.ops.gated_mlp.prepare_weights(block["norm_weight"].double(), block["gate_up_weight"].double())

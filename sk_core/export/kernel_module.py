@@ -51,7 +51,7 @@ FAMILIES: dict[str, tuple[KernelSource, ...]] = {
                      ("TMA_ALIGN", "TileConfig", "_tile_coords", "_tile_product", "_split_k_sum", "cdiv",
                       "next_power_of_2", "align", "sm_count", "tma_ready", "descriptor")),
         KernelSource("sk.ops.gated_mlp.triton_kernels",
-                     ("NORM_OFFSETS", "_norm_kernel", "_gate_up_kernel", "_down_kernel", "_down_epilogue", "GemmConfig", "M_CLASSES",
+                     ("_norm_kernel", "_gate_up_kernel", "_down_kernel", "_down_epilogue", "GemmConfig", "M_CLASSES",
                       "FUSED_MAX_M", "LARGE_MLP", "FUSED_MAX_M_LARGE", "fused_max_m", "_DECODE_SWEEP",
                       "GATE_UP_CONFIGS", "DOWN_CONFIGS", "TUNED", "MAX_SPLIT_K", "shape_class", "fit_configs",
                       "fit_split", "choose_configs", "forward_kernels")),

@@ -37,12 +37,11 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sk import settings
 from sk.ops.act_and_mul import activate
+from sk.ops.rms_norm import GEMMA_OFFSET
 from sk.ops.gated_mlp.common import (  # noqa: F401 (the kernels call the _-named helpers by name)
     TMA_ALIGN, TileConfig, _split_k_sum, _tile_coords, _tile_product, align, cdiv, descriptor, next_power_of_2,
     sm_count, tma_ready,
 )
-
-NORM_OFFSETS = {"rms": 0.0, "gemma_rms": 1.0, "layer": 0.0}  # the scale is w + offset
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -307,7 +306,7 @@ def forward_kernels(
     has_norm_bias = norm == "layer" and norm_bias is not None
     _norm_kernel[(cdiv(m, rows_per_program),)](
         x, residual if residual is not None else x, norm_weight, norm_bias if has_norm_bias else norm_weight, h, n,
-        m, d, eps, NORM_OFFSETS[norm],
+        m, d, eps, GEMMA_OFFSET if norm == "gemma_rms" else 0.0,
         D_ALIGN=align(d), HAS_RESIDUAL=residual is not None, LAYER=norm == "layer", HAS_BIAS=has_norm_bias,
         PDL=pdl, BLOCK_M=rows_per_program, BLOCK_D=block_d,
         num_warps=min(16, max(1, rows_per_program * block_d // 512)), launch_pdl=pdl,
