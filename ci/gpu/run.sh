@@ -17,7 +17,8 @@
 # inference only; "gated-mlp": benchmarks/bench_gated_mlp.py at the engines' shapes with the peers importable here,
 # each implementation's kernels timed too (with the engines installed, ci/gpu/engines.sh bench-gated-mlp adds
 # vLLM's and SGLang's sequences); three shapes at 1-2048 rows unless SK_GATED_MLP_SHAPES ("all" or names) and
-# SK_GATED_MLP_M say otherwise).
+# SK_GATED_MLP_M say otherwise; "gated-mlp-sweep": the same cases' candidate GEMM configs timed instead (what
+# the op's config table is chosen from); "gated-mlp-tests": the op's, its module's and sk.ops.linear's tests).
 set -uo pipefail
 out=${1:?usage: ci/gpu/run.sh OUTDIR}
 mkdir -p "$out"
@@ -51,6 +52,8 @@ for step in $steps; do
     geglu) [ -f benchmarks/bench_geglu.py ] && python3 benchmarks/bench_geglu.py "$out" 2>&1 | tee "$out/geglu.log" ;;
     gated-mlp) python3 benchmarks/bench_gated_mlp.py --out "$out/gated_mlp" --no-compile --kernels \
                  "${gated_mlp_cases[@]}" 2>&1 | tee "$out/gated_mlp.log" ;;
+    gated-mlp-sweep) python3 benchmarks/bench_gated_mlp.py --sweep --out "$out/gated_mlp" "${gated_mlp_cases[@]}" \
+                       2>&1 | tee "$out/gated_mlp_sweep.log" ;;
     gated-mlp-tests) python3 -m pytest -q -p no:cacheprovider -rf tests/test_fused_gated_mlp.py \
                        tests/test_nn_norm_mlp.py tests/test_linear.py 2>&1 | tee "$out/gated_mlp_tests.log"
                      status=$((status | ${PIPESTATUS[0]})) ;;

@@ -43,6 +43,10 @@ SCHEMA = "standardkernels.eval/4"
 # 2026-12-03); a kernel that computes wrong numbers moves a greedy token where the engines' top two are further
 # apart, or outside the other's top five.
 DEFAULT_TIE_NATS = 1.0
+# Engines return fp32 log-probabilities (log-softmax of the logits): a gap of exactly four bf16 steps comes back as
+# 1.0000002 nats (results/h200/engines/README.md, 2026-12-06). Each log-probability is off by at most half an fp32
+# step (< 4e-6 nats below magnitude 64), a disagreement sums four of them: a tolerance is met within 1e-4.
+LOGPROB_ROUNDING_NATS = 1e-4
 
 
 def first_divergence(baseline: list[list[int]], candidate: list[list[int]]) -> dict | None:
@@ -82,7 +86,8 @@ def disagreement(baseline_gap: float | None, candidate_gap: float | None) -> flo
 
 def judge_divergences(baseline: dict, candidate: dict, tie_nats: float) -> dict:
     """Each differing sequence judged at its first differing position: a near-tie when both engines' top
-    log-probabilities hold both tokens and their `disagreement` is at most `tie_nats`, else a mismatch (also
+    log-probabilities hold both tokens and their `disagreement` is at most `tie_nats` (up to the fp32 rounding of
+    log-probabilities, `LOGPROB_ROUNDING_NATS`), else a mismatch (also
     where a sequence is shorter, where an engine returned no log-probabilities, and where one engine returned a
     sequence the other did not: "missing" names that engine). {"near_ties", "mismatches", "divergences": per
     differing sequence its position, tokens, both gaps and their disagreement (nats, None where a token is outside
@@ -107,7 +112,8 @@ def judge_divergences(baseline: dict, candidate: dict, tie_nats: float) -> dict:
             lowest = _lowest_kept(top, seq, position) if theirs is None else theirs
             floors.append(None if mine is None or lowest is None else max(mine - lowest, 0.0))
         apart = disagreement(*gaps)
-        near_tie = None not in (b_token, c_token) and apart is not None and abs(apart) <= tie_nats
+        near_tie = (None not in (b_token, c_token) and apart is not None
+                    and abs(apart) <= tie_nats + LOGPROB_ROUNDING_NATS)
         divergences.append({"sequence": seq, "position": position, "baseline_token": b_token,
                             "candidate_token": c_token, "baseline_gap_nats": gaps[0], "candidate_gap_nats": gaps[1],
                             "disagreement_nats": apart,

@@ -94,6 +94,18 @@ def test_a_near_tie_is_judged_by_the_engines_disagreement_not_by_each_gap():
     assert evaluate.disagreement(0.25, None) is None and evaluate.disagreement(0.25, 0.5) == 0.75
 
 
+def test_a_disagreement_at_the_tolerance_is_a_near_tie_through_fp32_rounding():
+    # The H200's Qwen3-8B-shaped pair of 2026-12-06: both gaps two bf16 steps (0.5 nats) as fp32 log-probabilities
+    # return them, 1.0000002 nats in all: at the default tolerance, not beyond it. A step more is still a mismatch.
+    def pair(gap):
+        base = {"tokens": [[143772]], "top_logprobs": [[[[143772, -11.75], [103428, -11.75 - gap]]]]}
+        cand = {"tokens": [[103428]], "top_logprobs": [[[[103428, -11.75], [143772, -11.75 - gap]]]]}
+        return evaluate.judge_divergences(base, cand, tie_nats=evaluate.DEFAULT_TIE_NATS)["divergences"][0]
+    edge = pair(0.5000001192092896)
+    assert edge["disagreement_nats"] > evaluate.DEFAULT_TIE_NATS and edge["kind"] == "near-tie"
+    assert pair(0.625)["kind"] == "mismatch"
+
+
 def test_the_default_tolerance_covers_stock_against_stock_on_the_h200():
     """The committed self-test (two stock vLLM engines, Llama-3-8B shapes, H200) is the default's evidence:
     every divergence it saw is a near-tie at the default, by a margin of at least one bf16 step (0.25)."""
