@@ -161,7 +161,16 @@ def _tokens(value: str | None) -> list[str] | None:
 
 def cmd_profile(args) -> int:
     from sk.workflow import profile
+    from sk.workflow.errors import WorkflowError
 
+    if args.compare:
+        if args.scenario:
+            raise WorkflowError(f"sk profile --compare reads two profiles and runs nothing: drop the scenario "
+                                f"{args.scenario!r}")
+        profile.run_compare(*args.compare, console=console)
+        return 0
+    if not args.scenario:
+        raise WorkflowError("sk profile needs a scenario YAML (or --compare BASE.json CANDIDATE.json)")
     profile.run(args.scenario, Path(args.out), with_sk=args.sk, enforce_eager=args.enforce_eager,
                 max_layers=args.max_layers, max_requests=args.max_requests, console=console,
                 workloads=_tokens(args.workloads))
@@ -188,8 +197,9 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _engine_run_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenario", help="scenario YAML (e.g. scenarios/tiny.yaml); every row in it runs")
+def _engine_run_options(parser: argparse.ArgumentParser, scenario_optional: bool = False) -> None:
+    parser.add_argument("scenario", nargs="?" if scenario_optional else None,
+                        help="scenario YAML (e.g. scenarios/tiny.yaml); every row in it runs")
     parser.add_argument("--max-layers", type=positive_int, metavar="N",
                         help="build the model with only this many layers, 1 or more (cheap loops)")
     parser.add_argument("--max-requests", type=positive_int, metavar="N",
@@ -276,7 +286,10 @@ def main(argv: list[str] | None = None) -> int:
 
     profile = sub.add_parser("profile", help="where a step's time goes: GPU time per kernel class, idle gaps, "
                                             "kernels per step, per workload")
-    _engine_run_options(profile)
+    _engine_run_options(profile, scenario_optional=True)
+    profile.add_argument("--compare", nargs=2, metavar=("BASE.json", "CANDIDATE.json"),
+                         help="instead of profiling: two earlier profiles side by side per engine step (e.g. stock, "
+                              "then --sk), each class's and each top kernel's time and the difference")
     profile.add_argument("--sk", action="store_true", help="profile with our adapter on (default: the stock engine)")
     profile.add_argument("--enforce-eager", action="store_true", help="no compilation or CUDA graphs")
     profile.add_argument("--out", type=output_dir, default="results/profile", help="folder for the JSON and PNG")

@@ -5,7 +5,8 @@ from an empty prefix cache (the warm-up's prompts are the profiled ones), one ba
 the process that runs the model (vLLM: the worker, through sk.workflow.profile_worker; SGLang: the scheduler,
 through its own profiler). The device's kernels are classified by name (sk.workflow.kernel_profile): GPU time
 and share per class, the sum of idle gaps between kernels, kernels per engine step. Writes JSON and a
-stacked-bar PNG beside it.
+stacked-bar PNG beside it. `sk profile --compare BASE.json CAND.json` sets two such files side by side (before
+and after: which kernels went away, what each step spends now), per engine step.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from rich.table import Table
 from sk import settings
 from sk.workflow import scenarios
 from sk.workflow.engine_runner import EngineProcess, progress_bars
+from sk.workflow.errors import WorkflowError
 from sk.workflow.kernel_profile import CLASSES, rank_path
 
 SCHEMA = "standardkernels.profile/1"
@@ -43,6 +45,87 @@ def profile_table(scenario: scenarios.Scenario, variant: str, rows: dict[str, di
                          "first: " + ", ".join(f"{token} {us / 1e3:,.1f} ms" for token, us in overlapped.items()))
         table.caption_justify = "left"
     return table
+
+
+def compare(base: dict, cand: dict) -> list[dict]:
+    """Two `sk profile` documents side by side: per workload profiled in both (scenario rows matched by model and
+    engine), per engine step in each, the busy time, idle gaps and kernels, each class's time, and each kernel of
+    either's top list (None where a kernel is not among a document's top ones: it ran for less, or not at all)."""
+    def per_step(r: dict, us: float | None) -> float | None:
+        return None if us is None else us / (r["steps"] or 1)
+
+    def rows_of(document: dict) -> dict:
+        return {(s["scenario"]["model"], s["scenario"]["engine"]): s for s in document["scenarios"]}
+    base_rows, cand_rows = rows_of(base), rows_of(cand)
+    found = []
+    for key, b_row in base_rows.items():
+        c_row = cand_rows.get(key)
+        for token, b in b_row["workloads"].items() if c_row else ():
+            c = c_row["workloads"].get(token)
+            if c is None:
+                continue
+            lines = {"busy": (b["busy_us"], c["busy_us"]), "idle gaps": (b["idle_gap_us"], c["idle_gap_us"]),
+                     **{cls: (b["classes"][cls]["us"], c["classes"][cls]["us"]) for cls in CLASSES}}
+            b_top = {k["name"]: k for k in b["top_kernels"]}
+            c_top = {k["name"]: k for k in c["top_kernels"]}
+            kernels = [{"name": name, "class": (b_top.get(name) or c_top[name])["class"],
+                        "base_us": per_step(b, b_top[name]["us"] if name in b_top else None),
+                        "cand_us": per_step(c, c_top[name]["us"] if name in c_top else None)}
+                       for name in dict.fromkeys([*b_top, *c_top])]
+            kernels.sort(key=lambda k: -max(k["base_us"] or 0.0, k["cand_us"] or 0.0))
+            found.append({"model": key[0], "engine": key[1], "workload": token, "steps": (b["steps"], c["steps"]),
+                          "kernels_per_step": (b["kernels_per_step"], c["kernels_per_step"]),
+                          "per_step_us": {name: (per_step(b, x), per_step(c, y)) for name, (x, y) in lines.items()},
+                          "kernels": kernels})
+    if not found:
+        raise WorkflowError("sk profile --compare: the two files share no workload of the same model and engine "
+                            f"(base: {sorted(base_rows)}, candidate: {sorted(cand_rows)})")
+    return found
+
+
+def compare_tables(rows: list[dict], base_label: str, cand_label: str) -> list[Table]:
+    """`compare`'s rows as tables: µs per engine step, base and candidate, and the difference."""
+    def us(value: float | None) -> str:
+        return "-" if value is None else f"{value:,.1f}"
+
+    def diff(x: float | None, y: float | None) -> str:
+        return "-" if x is None or y is None else f"{y - x:+,.1f}"
+    tables = []
+    for r in rows:
+        table = Table(title=f"PER ENGINE STEP   {r['model']} ({r['engine']})   {r['workload']}   "
+                            f"{base_label} -> {cand_label}", title_justify="left")
+        table.add_column("", no_wrap=True, overflow="ellipsis", max_width=70)
+        for column in ("CLASS", f"{base_label} µs", f"{cand_label} µs", "DIFFERENCE µs"):
+            table.add_column(column, justify="left" if column == "CLASS" else "right")
+        for name, (x, y) in r["per_step_us"].items():
+            table.add_row(name, "", us(x), us(y), diff(x, y))
+        b_k, c_k = r["kernels_per_step"]
+        table.add_row("kernels", "", us(b_k), us(c_k), diff(b_k, c_k), end_section=True)
+        for k in r["kernels"]:
+            table.add_row(k["name"], k["class"], us(k["base_us"]), us(k["cand_us"]),
+                          diff(k["base_us"], k["cand_us"]))
+        table.caption = ("kernels: each file's top ones by time; '-' where a kernel is not among a file's top "
+                         f"ones. Steps profiled: {r['steps'][0]} and {r['steps'][1]}.")
+        table.caption_justify = "left"
+        tables.append(table)
+    return tables
+
+
+def run_compare(base_file: str, cand_file: str, console: Console) -> None:
+    documents = []
+    for path in (base_file, cand_file):
+        try:
+            document = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise WorkflowError(f"sk profile --compare: cannot read {path} as JSON: {e}") from e
+        if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+            raise WorkflowError(f"sk profile --compare: {path} is not an `sk profile` file (schema {SCHEMA})")
+        documents.append(document)
+    labels = [f"{d['variant']} ({d['date'][:10]})" for d in documents]
+    if labels[0] == labels[1]:
+        labels = ["base", "candidate"]
+    for table in compare_tables(compare(*documents), *labels):
+        console.print(table)
 
 
 def write_chart(document: dict, path: Path) -> Path | None:

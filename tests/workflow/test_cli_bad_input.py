@@ -34,6 +34,7 @@ def write_inputs(root: Path) -> None:
     (bad / "misspelled.yaml").write_text(SCENARIO_ROW.replace("scenarios:", "scenario:"))
     (bad / "engine_false.yaml").write_text(SCENARIO_ROW + "    engine_args: {enable_prefix_caching: false}\n")
     (bad / "a_file").write_text("not a folder\n")
+    (bad / "eval.json").write_text('{"schema": "standardkernels.eval/4", "scenarios": []}\n')
     (bad / "not_a_wheel.whl").write_text("not a zip\n")
     (bad / "captures_latin1").mkdir()
     (bad / "captures_latin1" / "tiny.mixed.json").write_bytes(b'{"schema": "caf\xe9"}')
@@ -108,6 +109,12 @@ CASES = [  # (argv, what the message says); {in}: the bad inputs, {out}: a folde
     (["eval", GOOD_SCENARIO, "--crossed", "--restarts", "4", "--out", "{out}"],
      "--crossed is --restarts 2; got --restarts 4 too (drop one of the two)"),
     (["profile", GOOD_SCENARIO, "--workloads", "LLM.nope", "--out", "{out}"], "unknown workload 'LLM.nope'"),
+    (["profile"], "sk profile needs a scenario YAML (or --compare BASE.json CANDIDATE.json)"),
+    (["profile", GOOD_SCENARIO, "--compare", "{in}/empty.yaml", "{in}/empty.yaml"],
+     "sk profile --compare reads two profiles and runs nothing: drop the scenario"),
+    (["profile", "--compare", "{in}/a_file", "{in}/a_file"], "sk profile --compare: cannot read {in}/a_file as JSON"),
+    (["profile", "--compare", "{in}/eval.json", "{in}/a_file"],
+     "is not an `sk profile` file (schema standardkernels.profile/1)"),
     # An output folder that is a file (or lies under one) is refused before the work, not by mkdir after it.
     (["eval", GOOD_SCENARIO, "--out", "{in}/a_file"], "argument --out: {in}/a_file: it is a file, not a folder"),
     (["capture", GOOD_SCENARIO, "--out", "{in}/a_file/captures"],

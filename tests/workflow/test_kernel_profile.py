@@ -124,6 +124,46 @@ def test_the_profile_table_says_how_much_overlapped():
     assert "count once, for the one that began first: LLM.decode_batch_1 3.0 ms" in console.export_text()
 
 
+def test_two_profiles_compare_per_engine_step_class_by_class_and_kernel_by_kernel():
+    from rich.console import Console
+
+    from sk.workflow import profile
+    from sk.workflow.errors import WorkflowError
+
+    def kernel(name, ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+    def document(variant, summaries, model="sk-tiny/qwen3"):
+        return {"schema": profile.SCHEMA, "date": "2026-12-06T00:00:00+00:00", "variant": variant,
+                "scenarios": [{"scenario": {"model": model, "engine": "vllm"}, "workloads": summaries}]}
+    # Stock: add + norm, GEMM, activation, GEMM over 2 steps; ours: add + norm, gate/up with the activation in it,
+    # the down GEMM, over 4 steps.
+    stock = summarize_trace([kernel("triton_red_fused_add_rms_norm_0", 0.0, 4.0), kernel("nvjet_a", 5.0, 60.0),
+                             kernel("triton_poi_fused_mul_silu_1", 66.0, 2.0), kernel("nvjet_b", 70.0, 30.0)],
+                            steps=2)
+    ours = summarize_trace([kernel("_norm_kernel", 0.0, 8.0), kernel("_gate_up_kernel", 8.0, 200.0),
+                            kernel("nvjet_b", 210.0, 120.0)], steps=4)
+    (row,) = profile.compare(document("stock", {"LLM.decode_batch_32": stock, "LLM.throughput": stock}),
+                             document("standardkernels adapter", {"LLM.decode_batch_32": ours}))
+    assert (row["model"], row["engine"], row["workload"], row["steps"]) == ("sk-tiny/qwen3", "vllm",
+                                                                             "LLM.decode_batch_32", (2, 4))
+    per_step = row["per_step_us"]
+    assert per_step["busy"] == (48.0, 82.0) and per_step["idle gaps"] == (2.0, 0.5)
+    assert per_step["norm"] == (2.0, 2.0) and per_step["activation"] == (1.0, 0.0)
+    assert per_step["gemm"] == (45.0, 80.0)  # _gate_up_kernel counts as a GEMM
+    kernels = {k["name"]: (k["base_us"], k["cand_us"]) for k in row["kernels"]}
+    assert kernels["nvjet_b"] == (15.0, 30.0) and kernels["nvjet_a"] == (30.0, None)
+    assert kernels["_gate_up_kernel"] == (None, 50.0) and row["kernels"][0]["name"] == "_gate_up_kernel"
+    console = Console(width=250, record=True)
+    for table in profile.compare_tables([row], "stock", "ours"):
+        console.print(table)
+    text = console.export_text()
+    assert "LLM.decode_batch_32" in text and "+34.0" in text and "Steps profiled: 2 and 4" in text
+    with pytest.raises(WorkflowError, match="share no workload of the same model and engine"):
+        profile.compare(document("stock", {"LLM.decode_batch_32": stock}),
+                        document("ours", {"LLM.decode_batch_32": ours}, model="sk-tiny/llama"))
+
+
 def test_the_kept_trace_holds_the_device_events_and_summarizes_the_same(tmp_path):
     trace = load_trace(TRACE)
     trace["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 5.0, "pid": 1,
