@@ -45,7 +45,7 @@ SCHEMA = "standardkernels.eval/4"
 DEFAULT_TIE_NATS = 1.0
 # Engines return fp32 log-probabilities (log-softmax of the logits): a gap of exactly four bf16 steps comes back as
 # 1.0000002 nats (results/h200/engines/README.md, 2026-12-06). Each log-probability is off by at most half an fp32
-# step (< 4e-6 nats below magnitude 64), a disagreement sums four of them: a tolerance is met within 1e-4.
+# step (< 4e-6 nats below magnitude 64) and a disagreement sums four of them: 1e-4 covers that with room.
 LOGPROB_ROUNDING_NATS = 1e-4
 
 

@@ -104,8 +104,9 @@ def compare_tables(rows: list[dict], base_label: str, cand_label: str) -> list[T
         for k in r["kernels"]:
             table.add_row(k["name"], k["class"], us(k["base_us"]), us(k["cand_us"]),
                           diff(k["base_us"], k["cand_us"]))
+        steps = " and ".join("unknown (whole batch)" if n is None else str(n) for n in r["steps"])
         table.caption = ("kernels: each file's top ones by time; '-' where a kernel is not among a file's top "
-                         f"ones. Steps profiled: {r['steps'][0]} and {r['steps'][1]}.")
+                         f"ones. Steps profiled: {steps}.")
         table.caption_justify = "left"
         tables.append(table)
     return tables
