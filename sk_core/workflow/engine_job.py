@@ -182,6 +182,11 @@ class VllmEngine:
     def scheduler_reports(self) -> int:
         return 0  # vLLM's workers keep their reports written themselves (sk.reports)
 
+    def kv_cache_tokens(self) -> int | None:
+        """Tokens the engine's KV cache holds (vLLM's blocks, as its engine core reported them, times their size)."""
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        return cache.num_gpu_blocks * cache.block_size if cache.num_gpu_blocks else None
+
     def environment(self) -> dict:
         import torch
         import vllm
@@ -294,6 +299,10 @@ class SglangEngine:
     def scheduler_reports(self) -> int:
         return sum("standardkernels" in state for state in self._states())
 
+    def kv_cache_tokens(self) -> int | None:
+        """Tokens the engine's KV cache holds (SGLang's max_total_num_tokens, TP rank 0's scheduler)."""
+        return self.engine.get_server_info().get("max_total_num_tokens")
+
     def environment(self) -> dict:
         import sglang
         import torch
@@ -373,7 +382,7 @@ class Server:
         return self.engine.profile(run, keep)
 
     def info(self) -> dict:
-        return {"environment": self.engine.environment(),
+        return {"environment": self.engine.environment(), "kv_cache_tokens": self.engine.kv_cache_tokens(),
                 "candidates_replaced": self.engine.candidates_replaced() if self.job["candidates"] else None,
                 "scheduler_reports": self.engine.scheduler_reports()}
 

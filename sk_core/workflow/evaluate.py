@@ -47,6 +47,10 @@ DEFAULT_TIE_NATS = 1.0
 # 1.0000002 nats (results/h200/engines/README.md, 2026-12-06). Each log-probability is off by at most half an fp32
 # step (< 4e-6 nats below magnitude 64) and a disagreement sums four of them: 1e-4 covers that with room.
 LOGPROB_ROUNDING_NATS = 1e-4
+# A candidate engine whose KV cache holds fewer tokens than this share of the baseline's is flagged: our adapter
+# keeps no memory beside the engine's weights, so its cache is the stock one's to within a profile run's
+# activation peak (0.8 % smaller for Qwen3-8B in vLLM on an H200, 2026-12-06; a folded weight copy once halved it).
+KV_CACHE_WARN_RATIO = 0.98
 
 
 def first_divergence(baseline: list[list[int]], candidate: list[list[int]]) -> dict | None:
@@ -291,6 +295,14 @@ def print_scenario(console: Console, result: dict) -> None:
             console.print(f"candidate worker: weight copies prepared {adapter['weights_prepared']}"
                           + (f" over its {starts} engine starts (a few per layer and start;" if starts > 1 else
                              " (a few per layer;") + " more means copies made per call)")
+    kv = result.get("kv_cache_tokens") or {}
+    base_kv, cand_kv = kv.get(paired.BASELINE), kv.get(paired.CANDIDATE)
+    if base_kv and cand_kv:
+        line = f"KV cache: baseline {base_kv:,} tokens, candidate {cand_kv:,} ({cand_kv / base_kv:.3f}x)"
+        if cand_kv < base_kv * KV_CACHE_WARN_RATIO:
+            line = (f"[red]{line}: the candidate's engine holds fewer tokens (memory it keeps beside the model's "
+                    "weights); where the KV cache binds (long contexts, many requests) its throughput pays for it")
+        console.print(line)
     env = result["environment"]
     engine = f"SGLang {env['sglang']}" if env.get("engine") == "sglang" else f"vLLM {env['vllm']}"
     started = result["settings"].get("start_orders", [])
@@ -426,6 +438,7 @@ def evaluate_scenario(scenario: scenarios.Scenario, *, out_dir: Path, stem: str,
     return {"scenario": scenario.model_dump(), "correctness": "PASS" if passed else "FAIL", "rows": rows,
             "adapter": adapter, "self_test": self_test,
             "candidates_replaced": info[paired.CANDIDATE]["candidates_replaced"],
+            "kv_cache_tokens": {v: info[v].get("kv_cache_tokens") for v in (paired.BASELINE, paired.CANDIDATE)},
             "environment": info[paired.BASELINE]["environment"], "settings": run_settings | {
                 "rounds": rounds, "order": " | ".join(orders),
                 "start_orders": [_start_label(started) for started, _ in runs]}}

@@ -107,6 +107,10 @@ def test_eval_prints_both_summaries_with_matching_tokens(runs):
         # Both engines returned the top log-probabilities that a divergence would be judged by.
         assert row["logprobs"] == {"baseline": True, "candidate": True} and row["mismatches"] == 0
     assert result["settings"]["order"] == "ABBA"
+    # Both engines' KV caches, as they reported them: the same size (the scenario fixes its bytes).
+    kv = result["kv_cache_tokens"]
+    assert kv["baseline"] > 0 and kv["candidate"] == kv["baseline"], kv
+    assert f"KV cache: baseline {kv['baseline']:,} tokens, candidate {kv['candidate']:,} (1.000x)" in out
     # The candidate really ran our ops in the engine's worker (on CPU: their PyTorch path, recorded as such).
     assert result["adapter"]["workers"] == 1
     # The decoder layers' norm + MLP run as one fused_gated_mlp call (the fused blocks are on by default).

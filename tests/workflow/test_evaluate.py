@@ -19,12 +19,12 @@ def timings(baseline_s, candidate_s, output_tokens=4):
             "candidate": [{"elapsed_s": t, "output_tokens": output_tokens} for t in candidate_s]}
 
 
-def printed(rows, correctness, self_test=False, replaced=(), **adapter):
+def printed(rows, correctness, self_test=False, replaced=(), kv_cache_tokens=None, **adapter):
     """What `sk eval` prints for one scenario of these rows (an adapter run on the CPU engine)."""
     scenario = Scenario(model="sk-tiny/llama", dtype="float32", workloads=[r["workload"] for r in rows])
     result = {"scenario": scenario.model_dump(), "rows": rows, "correctness": correctness,
               "adapter": {"workers": 1, "replaced": list(replaced), "kernel_calls": {}, "fallbacks": {}, **adapter},
-              "candidates_replaced": None, "self_test": self_test,
+              "candidates_replaced": None, "self_test": self_test, "kv_cache_tokens": kv_cache_tokens,
               "environment": {"vllm": "0.32.0", "torch": "2.13", "device": "cpu"},
               "settings": {"enforce_eager": True, "order": "ABBA"}}
     console = Console(width=250, record=True)
@@ -180,6 +180,18 @@ def test_weight_copies_are_read_per_engine_start():
     assert ("candidate worker: weight copies prepared {'fused_gated_mlp': 8} over its 2 engine starts (a few per "
             "layer and start; more means copies made per call)") in text
     assert "(a few per layer; more" in printed([row], "PASS", weights_prepared={"fused_gated_mlp": 4})
+
+
+def test_a_candidate_whose_kv_cache_holds_fewer_tokens_is_flagged():
+    # The H100 pair of 2026-12-05: a weight copy beside the model left the candidate half the KV cache.
+    row = evaluate.compare_workload("LLM.single_request", greedy([[1]]), greedy([[1]]), timings([1.0, 1.0], [1.0, 1.0]))
+    halved = printed([row], "PASS", kv_cache_tokens={"baseline": 106352, "candidate": 54832})
+    assert ("KV cache: baseline 106,352 tokens, candidate 54,832 (0.516x): the candidate's engine holds fewer "
+            "tokens") in halved
+    # The copy-free blocks on the H200 (2026-12-06): within a profile run's activation peak, not flagged.
+    same = printed([row], "PASS", kv_cache_tokens={"baseline": 282864, "candidate": 280560})
+    assert "KV cache: baseline 282,864 tokens, candidate 280,560 (0.992x)" in same and "holds fewer" not in same
+    assert "KV cache" not in printed([row], "PASS")  # a result file written before the engines reported it
 
 
 def test_a_self_test_with_a_candidate_folder_is_refused(tmp_path):
