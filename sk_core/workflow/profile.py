@@ -59,9 +59,10 @@ def compare(base: dict, cand: dict) -> list[dict]:
     base_rows, cand_rows = rows_of(base), rows_of(cand)
     found = []
     for key, b_row in base_rows.items():
-        c_row = cand_rows.get(key)
-        for token, b in b_row["workloads"].items() if c_row else ():
-            c = c_row["workloads"].get(token)
+        if key not in cand_rows:
+            continue
+        for token, b in b_row["workloads"].items():
+            c = cand_rows[key]["workloads"].get(token)
             if c is None:
                 continue
             lines = {"busy": (b["busy_us"], c["busy_us"]), "idle gaps": (b["idle_gap_us"], c["idle_gap_us"]),
