@@ -25,7 +25,8 @@ def sweep_norm(rows, n, residual, dtype=torch.bfloat16):
         def launch():
             _rms_norm_kernel[(triton.cdiv(rows, rows_per_program),)](
                 x, n, r, n, w, y, n, r, n, rows, n, 1e-6, 0.0,
-                HAS_RESIDUAL=residual, ROWS_PER_PROGRAM=rows_per_program, BLOCK_N=block_n, num_warps=warps)
+                HAS_RESIDUAL=residual, ROWS_PER_PROGRAM=rows_per_program, BLOCK_N=block_n, PDL=False,
+                num_warps=warps)
         results[f"ROWS_PER_PROGRAM={rows_per_program} warps={warps}"] = graph_time_us(launch)
     return results
 

@@ -95,6 +95,11 @@ SETTINGS: dict[str, Setting] = {
         "SK_GATED_MLP_PDL", "1", _flag,
         "`0`: the kernels of `fused_gated_mlp` launch in plain stream order instead of as programmatic dependent "
         "launches (Hopper) where their config asks for them. Off under the Triton interpreter."),
+    "norm_pdl": Setting(
+        "SK_NORM_PDL", "1", _flag,
+        "`0`: the forward kernels of `sk.ops`' RMSNorm family (plain, Gemma, fused with the residual add) launch in "
+        "plain stream order instead of as programmatic dependent launches, as SGLang's own norm kernels do on "
+        "NVIDIA GPUs from Hopper (SM90) on. Off before SM90 and under the Triton interpreter."),
     "fused_mlp": Setting(
         "SK_FUSED_MLP", "1", _flag,
         "`1`: the engine adapters make each decoder layer's post-attention norm + MLP one `fused_gated_mlp` call "

@@ -417,6 +417,115 @@ def test_cuda_graph_replay_with_new_inputs(dtype):
         assert rel_err(static_x, fp64_rms_norm(expected_res, w, 1e-6)) < TOLERANCE[dtype]
 
 
+# ------------------------------------------------------------------------------- programmatic dependent launch
+
+def test_dependent_launch_only_on_sm90_gpus_not_interpreted_and_switchable(monkeypatch):
+    module = importlib.import_module("sk.ops.rms_norm")  # `sk.ops.rms_norm` is also the function's name
+    seen = []
+    monkeypatch.setattr(module, "_dependent_launch_capable", lambda index: seen.append(index) or index == 0)
+    cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    with sk.settings.override(triton_interpret=False):
+        assert module.dependent_launch(cuda0)
+        assert not module.dependent_launch(cuda1)  # a GPU before SM90 (or ROCm)
+        with sk.settings.override(norm_pdl=False):
+            assert not module.dependent_launch(cuda0)
+    with sk.settings.override(triton_interpret=True):  # no inline PTX in the interpreter
+        assert not module.dependent_launch(cuda0)
+    assert not module.dependent_launch(torch.device("cpu"))
+    assert seen == [0, 1]
+
+
+_PDL_COMPILE_CHECK = r"""
+import json, re
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from sk.ops.rms_norm import _rms_norm_kernel
+
+def ptx(pdl):
+    signature = {name: "*bf16" for name in ("x_ptr", "res_ptr", "w_ptr", "y_ptr", "res_out_ptr")}
+    signature.update({name: "i32" for name in ("x_stride", "res_stride", "y_stride", "res_out_stride", "n_rows",
+                                               "n_cols")}, eps="fp32", weight_offset="fp32")
+    constexprs = dict(HAS_RESIDUAL=True, ROWS_PER_PROGRAM=1, BLOCK_N=4096, PDL=pdl)
+    return triton.compile(ASTSource(fn=_rms_norm_kernel, signature=signature, constexprs=constexprs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
+
+def first(pattern, text):
+    found = re.search(pattern, text)
+    return found.start() if found else None
+
+on, off = ptx(True), ptx(False)
+print(json.dumps({name: {"wait": first(r"griddepcontrol\.wait", text),
+                         "launch": first(r"griddepcontrol\.launch_dependents", text),
+                         "load": first(r"\bld\.global", text), "store": first(r"\bst\.global", text)}
+                  for name, text in (("on", on), ("off", off))}))
+"""
+
+
+def test_dependent_launch_waits_before_touching_memory_in_the_sm90_code():
+    """A dependent-launched norm starts while the kernel before it may still write x, the residual or the weight:
+    compiled for sm90 (Triton's own ptxas, no GPU), its code waits for that kernel before its first global load
+    or store, and lets the next kernel launch; without PDL it has neither instruction. Subprocess: without the
+    interpreter."""
+    from sm90_compile import run_compile_check
+
+    found = run_compile_check(_PDL_COMPILE_CHECK)
+    on, off = found["on"], found["off"]
+    assert None not in on.values(), on
+    assert on["wait"] < on["load"] and on["wait"] < on["store"] and on["launch"] < on["store"], on
+    assert off["wait"] is None and off["launch"] is None and off["load"] is not None, off
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dependent_launches_in_a_cuda_graph_read_what_the_kernel_before_wrote(dtype):
+    """A decoder's chain in one graph: a producer kernel writes h, then eight in-place add + norms each read the
+    one before's outputs (dependent launch after dependent launch), then a plain norm and a GEMM. The same bits
+    as the chain launched in plain stream order, and the fp64 chain's answer."""
+    from sk.ops.rms_norm import dependent_launch
+
+    layers, rows, n = 8, 32, 4096
+    weights = [inputs((rows,), n, dtype, "cuda")[2] * (1 + 0.01 * i) for i in range(layers)]
+    proj = torch.randn(n, n, device="cuda", dtype=dtype) / n ** 0.5
+
+    def chain(source, h, res):
+        torch.mul(source, 2.0, out=h)  # the producer: a plain kernel writing h right before the first norm
+        for wi in weights:
+            sk.ops.fused_add_rms_norm_(h, res, wi)
+        return torch.mm(sk.ops.rms_norm(h, weights[0]), proj)
+
+    results = {}
+    for pdl in (True, False):
+        with sk.settings.override(norm_pdl=pdl):
+            assert dependent_launch(proj.device) == (pdl and torch.cuda.get_device_capability() >= (9, 0))
+            x, r, _ = inputs((rows,), n, dtype, "cuda")
+            source, h, res = x.clone(), torch.empty_like(x), r.clone()
+            chain(source, h, res.clone())  # compiles every kernel before capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = chain(source, h, res)
+            for replay in range(3):
+                fresh_x, fresh_r, _ = inputs((replay + 2, rows), n, dtype, "cuda")  # fresh values each replay
+                fresh_x, fresh_r = fresh_x[0] * (replay + 1), fresh_r[0]
+                source.copy_(fresh_x)
+                res.copy_(fresh_r)
+                h.fill_(float("nan"))  # poisoned: a norm reading h before the producer wrote it shows
+                graph.replay()
+                results[pdl, replay] = (out.clone(), h.clone(), res.clone(), fresh_x, fresh_r)
+    for replay in range(3):
+        on, off = results[True, replay], results[False, replay]
+        for a, b in zip(on[:3], off[:3]):
+            assert torch.equal(a, b), replay
+        want_h, want_res = on[3].double() * 2, on[4].double()
+        for wi in weights:
+            want_res = want_h + want_res
+            want_h = fp64_rms_norm(want_res, wi, 1e-6)
+        want_out = fp64_rms_norm(want_h, weights[0], 1e-6) @ proj.double()
+        # Nine roundings (eight layers' and the GEMM's), independent: their errors grow as √9 = 3 times one's.
+        assert rel_err(on[0], want_out) < 3 * TOLERANCE[dtype], replay
+        assert rel_err(on[2], want_res) < 3 * TOLERANCE[dtype], replay
+
+
 def test_custom_ops_and_their_backward_pass_opcheck():
     """torch.library's schema, fake, and AOT-dispatch (autograd formula) checks, with gradients wanted."""
     x, r, w = inputs((3,), 64, torch.float32)

@@ -27,6 +27,9 @@
 #   bench-gated-mlp         benchmarks/bench_gated_mlp.py with the engines' kernels importable (vLLM's _C and
 #                           sgl_kernel as peers), each sequence's kernels timed too (--kernels); three shapes at
 #                           1-2048 rows unless SK_GATED_MLP_SHAPES ("all" or names) and SK_GATED_MLP_M say otherwise
+#   bench-norm-pdl          benchmarks/bench_norm_pdl.py with the engines' norms importable: ours as dependent
+#                           launches and in stream order, sgl_kernel's with and without its PDL, vLLM's _C, chained
+#                           in CUDA graphs
 #   profile-MODEL-ENGINE    sk profile on it, stock (SK_PROFILE_SK=1: with our adapter, --sk): decode batch 1, 8,
 #                           64 and the 1024/128 throughput batch
 #                           ($SK_EVAL_WORKLOADS, comma-separated, replaces the workloads of selftest-, pair- and
@@ -105,6 +108,7 @@ case $step in
                    --m "${SK_GATED_MLP_M:-1,8,32,128,2048}")
           [ "${SK_GATED_MLP_SHAPES:-}" = all ] \
             || command+=(--shapes "${SK_GATED_MLP_SHAPES:-llama3.2-1b,llama3-8b,gemma-2b}") ;;
+  bench-norm-pdl) command=(python3 benchmarks/bench_norm_pdl.py "$work" --m "${SK_NORM_PDL_M:-1,8,32,128,1024}") ;;
   profile-*)
           workloads=LLM.decode_batch_1,LLM.decode_batch_8,LLM.decode_batch_64,LLM.throughput
           command=(python3 -m sk.cli profile "$PWD/scenarios/h200-${step#profile-}.yaml" --out "$work"

@@ -13,7 +13,9 @@
 # "linear": sk.ops.linear against cuBLAS at the attention projections, and
 # its tests and the fused blocks' GPU tests; "linear-sweep": its split-K configs swept at Llama-3-8B's and
 # Llama-3.2-1B's projections; "qk-norm": Qwen3's q/k norms + rotary compiled, vLLM's math against ours inside;
-# "geglu-paths": the GEGLU op on the paths a user takes, seed/decode/prefill shapes,
+# "norm-pdl": our RMSNorm as dependent launches against plain stream order, chained in graphs (with the engines
+# installed, ci/gpu/engines.sh bench-norm-pdl adds their norms); "geglu-paths": the GEGLU op on the paths a user
+# takes, seed/decode/prefill shapes,
 # inference only; "gated-mlp": benchmarks/bench_gated_mlp.py at the engines' shapes with the peers importable here,
 # each implementation's kernels timed too (with the engines installed, ci/gpu/engines.sh bench-gated-mlp adds
 # vLLM's and SGLang's sequences); three shapes at 1-2048 rows unless SK_GATED_MLP_SHAPES ("all" or names) and
@@ -74,6 +76,7 @@ for step in $steps; do
               | tee "$out/fused_blocks_gpu_tests.log"
             status=$((status | ${PIPESTATUS[0]})) ;;
     qk-norm) python3 benchmarks/bench_qk_norm.py "$out/qk_norm" 2>&1 | tee "$out/qk_norm.log" ;;
+    norm-pdl) python3 benchmarks/bench_norm_pdl.py "$out/norm_pdl" 2>&1 | tee "$out/norm_pdl.log" ;;
     linear-sweep) python3 benchmarks/bench_linear.py --sweep --shapes llama3-8b-qkv,llama3-8b-o,llama3.2-1b-qkv \
                     --m 1,8,32 --out "$out/linear" 2>&1 | tee "$out/linear_sweep.log" ;;
   esac

@@ -39,7 +39,9 @@ REQUIRES = {"gated_mlp": ("rms_norm", "act_and_mul")}
 # Shared helpers first, then each family's kernels, launch configurations and launchers.
 COMMON = KernelSource("sk.ops._common", ("rows_view",))
 FAMILIES: dict[str, tuple[KernelSource, ...]] = {
-    "rms_norm": (KernelSource("sk.ops.rms_norm", ("GEMMA_OFFSET", "_rms_norm_kernel", "_launch_config", "_launch")),),
+    # `_launch`'s dependent_launch reads our settings: the template defines it.
+    "rms_norm": (KernelSource("sk.ops.rms_norm", ("GEMMA_OFFSET", "_rms_norm_kernel", "_launch_config",
+                                                  "_dependent_launch_capable", "_launch")),),
     "act_and_mul": (KernelSource(
         "sk.ops.act_and_mul",
         ("_SQRT_HALF", "_SQRT_2_OVER_PI", "_erf", "activate", "_act_and_mul_kernel", "SMALL_PROBLEM", "LARGE_BLOCK",
@@ -61,6 +63,7 @@ FAMILIES: dict[str, tuple[KernelSource, ...]] = {
 _CLASHING = ("_launch",)
 # Imports a family's copied code needs beyond the preamble's.
 _IMPORTS = {
+    "rms_norm": ("import functools", "from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait"),
     "gated_mlp": ("import dataclasses", "import functools", "from typing import Optional",
                   "from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait",
                   "from triton.tools.tensor_descriptor import TensorDescriptor"),
@@ -93,6 +96,14 @@ def launchable(x: torch.Tensor) -> bool:
 '''
 
 _NORM_OPS = '''
+
+def dependent_launch(device: torch.device) -> bool:
+    """The norm kernel launches as a programmatic dependent launch on NVIDIA GPUs from SM90 on (not interpreted:
+    no inline PTX there), as the engine's own norm kernels may."""
+    if device.type != "cuda" or _INTERPRETED:
+        return False
+    return _dependent_launch_capable(device.index if device.index is not None else torch.cuda.current_device())
+
 
 @torch.library.custom_op("{ns}::standard_kernels_rms_norm", mutates_args=())
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, epsilon: float, weight_offset: float) -> torch.Tensor:

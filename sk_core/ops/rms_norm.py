@@ -26,8 +26,9 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from sk import coverage
+from sk import coverage, settings
 from sk.ops._common import (
     check_float,
     check_same_device,
@@ -47,10 +48,15 @@ GEMMA_OFFSET = 1.0
 def _rms_norm_kernel(
     x_ptr, x_stride, res_ptr, res_stride, w_ptr, y_ptr, y_stride, res_out_ptr, res_out_stride,
     n_rows, n_cols, eps, weight_offset,
-    HAS_RESIDUAL: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     # `n_rows` is not specialized so that one compiled kernel serves every batch size (engines capture CUDA
     # graphs for many of them). Narrow rows share a program; each row is a 1-D block held in registers.
+    if PDL:
+        # Launched while the kernel before it may still run: wait for it before any load or store (the weight
+        # too: an optimizer step may be writing it), then let the next kernel launch (`dependent_launch`).
+        gdc_wait()
+        gdc_launch_dependents()
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) + weight_offset
@@ -125,17 +131,35 @@ def _launch_config(n_cols: int) -> tuple[int, int, int]:
     return rows_per_program, block_n, num_warps
 
 
+@functools.cache
+def _dependent_launch_capable(index: int) -> bool:
+    # griddepcontrol is PTX of sm_90 on; ROCm reports some AMD GPUs as (9, x) too.
+    return torch.version.hip is None and torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def dependent_launch(device: torch.device) -> bool:
+    """Whether the forward kernel launches on `device` as a programmatic dependent launch (PDL): an NVIDIA GPU
+    of SM90 or later, not under Triton's interpreter, unless SK_NORM_PDL=0. Its prologue then overlaps the tail
+    of the kernel before it, and a dependent-launched kernel after it (SGLang's, our gated MLP's) overlaps its
+    own tail: inside an engine's CUDA graph, a launch gap saved per kernel boundary."""
+    if device.type != "cuda" or not settings.get("norm_pdl") or settings.get("triton_interpret"):
+        return False
+    return _dependent_launch_capable(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _launch(x2, w, y2, eps, weight_offset, res2=None, res_out2=None) -> None:
     n_rows, n_cols = x2.shape
     if n_rows == 0 or n_cols == 0:
         return
     rows_per_program, block_n, num_warps = _launch_config(n_cols)
     has_res = res2 is not None
+    pdl = dependent_launch(x2.device)
     _rms_norm_kernel[(triton.cdiv(n_rows, rows_per_program),)](
         x2, x2.stride(0), res2 if has_res else x2, res2.stride(0) if has_res else 0, w,
         y2, y2.stride(0), res_out2 if has_res else y2, res_out2.stride(0) if has_res else 0,
         n_rows, n_cols, eps, weight_offset,
-        HAS_RESIDUAL=has_res, ROWS_PER_PROGRAM=rows_per_program, BLOCK_N=block_n, num_warps=num_warps,
+        HAS_RESIDUAL=has_res, ROWS_PER_PROGRAM=rows_per_program, BLOCK_N=block_n, PDL=pdl, num_warps=num_warps,
+        launch_pdl=pdl,
     )
 
 
