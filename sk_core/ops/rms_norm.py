@@ -5,7 +5,8 @@
 With a residual, `x` is first replaced by `x + residual` rounded to the input dtype; that rounded sum is both
 the new residual and what gets normalized, as vLLM's and SGLang's kernels do, so the next layer sees exactly
 the residual that was normalized here. Statistics and the scaling are computed in fp32; each output is
-rounded once.
+rounded once. On NVIDIA GPUs from SM90 on the forward kernel launches as a programmatic dependent launch
+(`dependent_launch`, `SK_NORM_PDL`), as SGLang's own norm kernels do: chained kernels then overlap their launches.
 
 The backward is a Triton kernel too (`_rms_norm_backward_kernel`), registered as the custom ops' autograd formula:
 with n = x·rstd and g = dy·(weight + offset), per row
