@@ -43,7 +43,8 @@ import torch
 import sk
 from sk.bench import peers as peer_libs
 from sk.bench.tables import cell, failure_lines, heading
-from sk.bench.timing import copy_bandwidth_tbps, environment, graph_time_us, profile_per_step, side_by_side_us
+from sk.bench.timing import (copy_bandwidth_tbps, environment, graph_time_us, l2_cold_copies, profile_per_step,
+                             side_by_side_us)
 from sk.ops.gated_mlp import gated_mlp_reference
 from sk.ops.gated_mlp import triton_kernels as tk
 from sk.ops.gated_mlp.common import next_power_of_2
@@ -279,9 +280,14 @@ def sweep_case(shape, m, d, ff, norm, activation, log):
     sms = tk.sm_count(dev)
     base_gu, base_down = tk.choose_configs(m, d, ff, sms)
 
+    weights = l2_cold_copies({k: p[k] for k in ("gate_up_weight", "down_weight")})  # read from HBM, as in decode
+
     def run(configs):
-        return lambda: tk.forward_kernels(p["x"], p["residual"], p["norm_weight"], None, p["gate_up_weight"], None,
-                                          p["down_weight"], None, EPS, norm, activation, configs)
+        def call():
+            w = next(weights)
+            return tk.forward_kernels(p["x"], p["residual"], p["norm_weight"], None, w["gate_up_weight"], None,
+                                      w["down_weight"], None, EPS, norm, activation, configs)
+        return call
     result = {"shape": shape, "M": m, "d_model": d, "d_ff": ff, "table": [dataclasses.asdict(base_gu),
                                                                           dataclasses.asdict(base_down)]}
     with torch.no_grad():

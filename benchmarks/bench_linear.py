@@ -2,7 +2,9 @@
 output), side by side in one run with cuBLAS (torch.nn.functional.linear: what vLLM's and SGLang's unquantized
 linear layers call on CUDA, and the op's default backend), per call inside a CUDA graph (sk.bench.timing: 20
 calls a replay, medians, implementations interleaved). bf16, with no bias (the Llama/Qwen/Gemma projections have
-none).
+none). The weight is read from HBM as in an engine's decode step: each captured call takes the next of enough
+copies to stream three times the L2 between two reads of one (`l2_cold_copies`; one 32 MB weight called back to
+back would be read from a 50 MB L2).
 
     python benchmarks/bench_linear.py --out DIR [--shapes a,b] [--m 1,8,...] [--sweep]
 
@@ -28,7 +30,7 @@ import torch
 
 import sk
 from sk.bench.tables import cell, failure_lines, heading
-from sk.bench.timing import copy_bandwidth_tbps, environment, graph_time_us, side_by_side_us
+from sk.bench.timing import copy_bandwidth_tbps, environment, graph_time_us, l2_cold_copies, side_by_side_us
 from sk.ops.gated_mlp import triton_kernels as tk
 
 # name: (N, K) of one projection's weight; the models' attention shapes (heads x head_dim).
@@ -62,7 +64,9 @@ def make_problem(m, n, k, seed=0):
 def bench_case(shape, m, n, k, bw_tbps, log):
     x, w = make_problem(m, n, k)
     row = {"shape": shape, "M": m, "N": n, "K": k, "weight_mb": n * k * 2 / 1e6}
-    fns = {"ours": lambda: sk.ops.linear(x, w, backend="split_k"), "cublas": lambda: torch.nn.functional.linear(x, w)}
+    ours_w, cublas_w = l2_cold_copies({"w": w}), l2_cold_copies({"w": w})
+    fns = {"ours": lambda: sk.ops.linear(x, next(ours_w)["w"], backend="split_k"),
+           "cublas": lambda: torch.nn.functional.linear(x, next(cublas_w)["w"])}
     with torch.no_grad():
         ref = torch.nn.functional.linear(x[:ERR_ROWS].double(), w.double())
         for name, fn in fns.items():
@@ -120,14 +124,16 @@ def sweep_case(shape, m, n, k, log):
     sms = tk.sm_count(torch.device("cuda"))
     table = tk.linear_config(m, n, k, sms)
     result = {"shape": shape, "M": m, "N": n, "K": k, "table": dataclasses.asdict(table)}
+    ws = l2_cold_copies({"w": w})
     with torch.no_grad():
-        result["table_us"] = graph_time_us(lambda: tk.linear_kernels(x, w, None, table), repeats=15)
-        result["cublas_us"] = graph_time_us(lambda: torch.nn.functional.linear(x, w), repeats=15)
+        result["table_us"] = graph_time_us(lambda: tk.linear_kernels(x, next(ws)["w"], None, table), repeats=15)
+        result["cublas_us"] = graph_time_us(lambda: torch.nn.functional.linear(x, next(ws)["w"]), repeats=15)
         timed = []
         for c in candidates(m):
             fitted = tk.fit_split(c, m, n, k, sms)
             try:
-                us = graph_time_us(lambda fitted=fitted: tk.linear_kernels(x, w, None, fitted), repeats=15)
+                us = graph_time_us(lambda fitted=fitted: tk.linear_kernels(x, next(ws)["w"], None, fitted),
+                                   repeats=15)
             except Exception as e:  # out of shared memory or registers: reported, not fatal
                 us = None
                 log(f"  {c}: failed: {type(e).__name__}: {str(e)[:160]}")
@@ -162,9 +168,11 @@ def main(argv=None) -> int:
     def log(msg):
         print(msg, flush=True)
     if args.sweep:
-        results = [sweep_case(s, m, *SHAPES[s], log) for s in shapes for m in ms if m <= tk.LINEAR_MAX_M]
-        (args.out / "bench_linear_sweep.json").write_text(json.dumps(
-            {"environment": env, "command": command, "results": results}, indent=1) + "\n")
+        results = []
+        for s, m in ((s, m) for s in shapes for m in ms if m <= tk.LINEAR_MAX_M):
+            results.append(sweep_case(s, m, *SHAPES[s], log))
+            (args.out / "bench_linear_sweep.json").write_text(json.dumps(  # each case kept if a later one hangs
+                {"environment": env, "command": command, "results": results}, indent=1) + "\n")
         md = [f"# sk.ops.linear config sweep on {env['gpu']} ({env['date']})", "", f"`{command}`", "",
               "| shape | M | table µs | cuBLAS µs | best µs | best config (block_n, block_k, warps, stages, waves) "
               "| split |", "|---|---|---|---|---|---|---|"]

@@ -109,9 +109,9 @@ SETTINGS: dict[str, Setting] = {
     "attention_linear": Setting(
         "SK_ATTENTION_LINEAR", "0", _flag,
         "`1`: the engine adapters run each decoder layer's QKV and output projections through `sk.ops.linear` with "
-        "`backend=\"split_k\"` (our split-K kernel up to 32 rows, cuBLAS above; on a GPU, where it has a kernel for "
-        "the layer's dtype and shape). An experiment: on the H200 the kernel was 0.56–0.93× cuBLAS at most "
-        "projection shapes (2026-12-04), so it is off by default. Read by every engine process.",
+        "`backend=\"auto\"`: our split-K kernel where its tuned table measured it faster than cuBLAS (Llama-3-8B's "
+        "projections at 1–8 rows, 1.03–1.12×), cuBLAS elsewhere. Off by default until the engines' paired runs "
+        "show the gain. Read by every engine process.",
         live=True),
     "step_graphs": Setting(
         "SK_STEP_GRAPHS", "1", _flag,

@@ -425,6 +425,7 @@ def test_decode_configs_swap_and_split_to_fill_the_gpu():
 # ----------------------------------------------------------------------------------------------- GPU (bf16)
 
 GPU_SHAPES = [(1, 2048, 8192, "rms", "silu"), (8, 4096, 7168, "rms", "silu"), (32, 4096, 3584, "rms", "silu"),
+              (3, 4096, 3584, "rms", "silu"),  # TP-4's tuned decode entry
               (33, 1024, 3072, "layer", "gelu"), (128, 2048, 16384, "gemma_rms", "gelu_tanh"),
               (1000, 3584, 14336, "gemma_rms", "gelu_tanh"), (2048, 1024, 3072, "rms", "silu")]
 

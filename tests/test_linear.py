@@ -1,8 +1,8 @@
 """sk.ops.linear: the split-K kernel against fp64 math (Triton's interpreter on CPU in fp32/fp16; bf16 on the GPU,
 at the engines' QKV and output-projection shapes), K splits summed in a fixed order and the persistent split-K
 counters left zeroed by every call (so that the next call, or a graph replay, finds them so); the routes (cuBLAS
-by default; with backend="split_k" the kernel up to 32 rows, cuBLAS above; the recorded reference outside
-coverage); the custom op (fake, torch.compile
+by default; with backend="split_k" the kernel up to 32 rows, cuBLAS above; with backend="auto" the kernel where a
+tuned entry measured it faster; the recorded reference outside coverage); the custom op (fake, torch.compile
 fullgraph, autograd through the reference); argument errors.
 
 Tolerances: relative norm error against the fp64 reference on the same (rounded) inputs and weights; the
@@ -113,6 +113,35 @@ def test_interpreted_op_routes_by_rows(monkeypatch):
 
 
 @needs_interpreter
+def test_interpreted_auto_backend_runs_the_kernel_only_where_a_tuned_entry_measured_it_faster(monkeypatch):
+    """backend="auto": the split-K kernel for the rows' class and weight shapes `LINEAR_TUNED` names (here a
+    small entry standing in for Llama-3-8B's), cuBLAS at other shapes and at other row classes of the same
+    weight; both counted as our op's calls, the same numbers."""
+    launched = []
+    kernels = tk.linear_kernels
+    monkeypatch.setattr(tk, "linear_kernels", lambda *a, **k: launched.append(tuple(a[1].shape)) or kernels(*a, **k))
+    monkeypatch.setitem(tk.LINEAR_TUNED, ("m8", 48, 64), SMALL)
+    assert tk.linear_config(3, 48, 64, 132).block_n == SMALL.block_n  # the tuned entry's tiles
+    sk.coverage.reset()
+    for m, n in ((3, 48), (8, 48), (9, 48), (3, 40)):
+        x, w, b = make(m, n, 64, torch.float16, seed=m + n)
+        with torch.no_grad(), sk.coverage.strict():
+            got = sk.ops.linear(x, w, b, backend="auto")
+        assert rel_err(got, fp64(x, w, b)) < TOL[torch.float16], (m, n)
+    assert launched == [(48, 64), (48, 64)]  # 9 rows is class m32: no entry; [40, 64]: none
+    assert sk.coverage.report()["kernel_calls"]["linear"] == 4
+
+
+def test_every_tuned_linear_entry_names_its_committed_sweep():
+    import pathlib
+
+    root = pathlib.Path(__file__).parents[1]
+    assert tk.LINEAR_TUNED and tk.linear_tuned(1, 6144, 4096) and not tk.linear_tuned(32, 6144, 4096)
+    for key, c in tk.LINEAR_TUNED.items():
+        assert c.source != "untuned" and (root / c.source).is_file(), key
+
+
+@needs_interpreter
 def test_the_default_backend_is_cublas_and_launches_no_kernel_of_ours(monkeypatch):
     """cuBLAS (torch's linear) by default, measured faster than the split-K kernel at most projection shapes on
     the H200: counted as our op's call (no fallback), the same numbers."""
@@ -128,7 +157,7 @@ def test_the_default_backend_is_cublas_and_launches_no_kernel_of_ours(monkeypatc
 
 def test_an_unknown_backend_is_a_clear_error():
     x, w, b = make(2, 8, 16, torch.float32, device="cpu")
-    with pytest.raises(ValueError, match=r"backend must be one of \('cublas', 'split_k'\); got 'triton'"):
+    with pytest.raises(ValueError, match=r"backend must be one of \('cublas', 'split_k', 'auto'\); got 'triton'"):
         sk.ops.linear(x, w, b, backend="triton")
 
 
@@ -205,13 +234,14 @@ def test_argument_errors_are_clear(args, match):
 
 
 def test_decode_configs_split_k_to_fill_the_gpu():
-    # The engines' projections at decode sizes on the H200's 132 SMs: the down kernel's decode classes, K split
-    # until the tiles make the class's waves (within the rounding to equal splits), or K runs out of splits.
+    # The engines' projections at decode sizes on the H200's 132 SMs: the tuned entry or the down kernel's decode
+    # class, K split until the tiles make its waves (within the rounding to equal splits), or K runs out of splits.
     for m in (1, 8, 32):
         for n, k in ((6144, 4096), (4096, 4096), (3072, 2048), (2048, 2048)):
             c = tk.linear_config(m, n, k, 132)
             tiles, k_blocks = -(-n // c.block_n), k // c.block_k
-            want = int(tk.DOWN_CONFIGS[tk.shape_class(m)].split_waves * 132)
+            entry = tk.LINEAR_TUNED.get((tk.shape_class(m), n, k)) or tk.DOWN_CONFIGS[tk.shape_class(m)]
+            want = int(entry.split_waves * 132)
             assert c.swap_ab and c.block_m == max(16, m) and -(-k_blocks // c.split_k) >= 2  # 2+ K blocks a split
             assert tiles * c.split_k >= 0.75 * want or c.split_k in (tk.MAX_SPLIT_K, k_blocks // 2), (m, n, k, c)
 

@@ -75,3 +75,19 @@ def test_profile_per_step_counts_host_ops_per_call():
     assert profile["host_us"] >= sum(op["self_us"] for op in profile["host_ops"]) * 0.999
     if not torch.cuda.is_available():
         assert profile["kernels"] == []  # CPU ops launch no GPU kernels
+
+
+def test_l2_cold_copies_stream_three_l2s_between_reads_of_one_copy():
+    from sk.bench.timing import l2_cold_copies
+    w = torch.randn(64, 32)
+    cpu = l2_cold_copies({"w": w})
+    assert next(cpu)["w"] is w and next(cpu)["w"] is w  # no GPU cache to evade: the tensor itself
+    if not torch.cuda.is_available():
+        return
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    w = torch.randn(l2 // 8, device="cuda", dtype=torch.bfloat16)  # a quarter of the L2 each
+    b = torch.randn(l2 // 8, device="cuda", dtype=torch.bfloat16)
+    cycle = l2_cold_copies({"w": w, "b": b})
+    sets = [next(cycle) for _ in range(7)]
+    assert sets[0]["w"] is w and sets[6]["w"] is w  # half the L2 a set: 6 sets stream 3 L2s
+    assert len({s["w"].data_ptr() for s in sets[:6]}) == 6 and all(torch.equal(s["b"], b) for s in sets)

@@ -12,7 +12,8 @@
 # every size, torch.compile included; "training-bench-peers": the same without torch.compile (Liger, QuACK);
 # "linear": sk.ops.linear against cuBLAS at the attention projections, and
 # its tests and the fused blocks' GPU tests; "linear-sweep": its split-K configs swept at Llama-3-8B's and
-# Llama-3.2-1B's projections; "qk-norm": Qwen3's q/k norms + rotary compiled, vLLM's math against ours inside;
+# Llama-3.2-1B's projections (or SK_LINEAR_SHAPES at SK_LINEAR_M rows); "qk-norm": Qwen3's q/k norms + rotary
+# compiled, vLLM's math against ours inside;
 # "norm-pdl": our RMSNorm as dependent launches against plain stream order, chained in graphs (with the engines
 # installed, ci/gpu/engines.sh bench-norm-pdl adds their norms); "geglu-paths": the GEGLU op on the paths a user
 # takes, seed/decode/prefill shapes,
@@ -77,8 +78,9 @@ for step in $steps; do
             status=$((status | ${PIPESTATUS[0]})) ;;
     qk-norm) python3 benchmarks/bench_qk_norm.py "$out/qk_norm" 2>&1 | tee "$out/qk_norm.log" ;;
     norm-pdl) python3 benchmarks/bench_norm_pdl.py "$out/norm_pdl" 2>&1 | tee "$out/norm_pdl.log" ;;
-    linear-sweep) python3 benchmarks/bench_linear.py --sweep --shapes llama3-8b-qkv,llama3-8b-o,llama3.2-1b-qkv \
-                    --m 1,8,32 --out "$out/linear" 2>&1 | tee "$out/linear_sweep.log" ;;
+    linear-sweep) python3 benchmarks/bench_linear.py --sweep \
+                    --shapes "${SK_LINEAR_SHAPES:-llama3-8b-qkv,llama3-8b-o,llama3.2-1b-qkv}" --m "${SK_LINEAR_M:-1,8,32}" \
+                    --out "$out/linear" 2>&1 | tee "$out/linear_sweep.log" ;;
   esac
 done
 exit $status

@@ -2,13 +2,17 @@
 
 Launch overhead from Python would dominate a 2 µs kernel, so `calls_per_replay` calls are captured into one
 graph, the graph is replayed `repeats` times between CUDA events, and the median per-call time is reported.
-Implementations compared side by side have their replays interleaved.
+Implementations compared side by side have their replays interleaved. A weight-streaming op whose weights fit
+the GPU's L2 cycles through copies of them (`l2_cold_copies`), as a decode step reads every layer's weights from
+HBM.
 """
 from __future__ import annotations
 
+import itertools
+import math
 import random
 import statistics
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -61,6 +65,19 @@ def side_by_side_us(
             end.synchronize()
             times[name].append(start.elapsed_time(end) * 1000 / calls_per_replay)
     return {name: statistics.median(times[name]) if name in times else None for name in fns}
+
+
+def l2_cold_copies(tensors: dict[str, torch.Tensor], *, l2_multiple: float = 3.0) -> Iterator[dict[str, torch.Tensor]]:
+    """An endless cycle of copies of `tensors` (name -> tensor; the originals first), as many as stream
+    `l2_multiple` times the GPU's L2 between two reads of one copy. A fn that takes `next()` of it at each call,
+    captured `calls_per_replay` times, reads its weights from HBM as an engine's decode step does (the whole model
+    streams between two calls of a layer), not from L2 as one set called back to back would (a 32 MB projection
+    fits a 50 MB L2). One copy where the tensors are not on a GPU."""
+    first = next(iter(tensors.values()))
+    l2 = torch.cuda.get_device_properties(first.device).L2_cache_size if first.is_cuda else 0
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    copies = max(1, math.ceil(l2_multiple * l2 / max(1, nbytes)))
+    return itertools.cycle([dict(tensors)] + [{k: t.clone() for k, t in tensors.items()} for _ in range(copies - 1)])
 
 
 def graph_time_us(fn: Callable[[], object], *, calls_per_replay: int = 20, repeats: int = 50) -> float:

@@ -109,7 +109,8 @@ def _layer(style="llama", tp_rank=0, tp_size=1, bias=False, quant=UnquantizedLin
 
 def _fuse(model, all_reduce=lambda t: t):
     blocks = fused_blocks.FusedBlocks()
-    return vllm_blocks.fuse_model(model, vllm_blocks.plan_model(model, cpu=False), blocks, all_reduce=all_reduce)
+    plans = vllm_blocks.plan_model(model, cpu=False, batch_invariant=False)  # no engine needed
+    return vllm_blocks.fuse_model(model, plans, blocks, all_reduce=all_reduce)
 
 
 @pytest.mark.parametrize("style", ["llama", "gemma"])
@@ -208,7 +209,8 @@ def test_uncovered_layers_keep_the_engine_path_with_the_reason():
     assert summary.startswith("fused blocks: 1 decoder layers fused") and "3 on the engine's path" in summary
     # LoRA: every layer keeps vLLM's path (vLLM wraps the linears after loading).
     lora = Model([_layer()])
-    plans = vllm_blocks.plan_model(lora, type("Cfg", (), {"lora_config": object()})(), cpu=False)
+    plans = vllm_blocks.plan_model(lora, type("Cfg", (), {"lora_config": object()})(), cpu=False,
+                                   batch_invariant=False)
     assert plans == {"layers.0": "LoRA is enabled (vLLM wraps the linears after loading)"}
 
 
@@ -319,7 +321,7 @@ def test_strict_mode_makes_an_uncovered_layer_an_error_naming_it():
 
 def test_cpu_planned_projections_keep_their_plain_weights():
     layer = _layer()
-    vllm_blocks.plan_model(Model([layer]), cpu=True)
+    vllm_blocks.plan_model(Model([layer]), cpu=True, batch_invariant=False)
     assert layer.mlp.gate_up_proj._cpu_skip_gemm_dispatch and layer.mlp.down_proj._cpu_skip_gemm_dispatch
 
 
@@ -379,7 +381,8 @@ def test_a_second_model_in_the_process_is_reported_under_its_own_name():
     # E.g. a speculative-decoding draft model: its layers have the target model's names.
     blocks = fused_blocks.FusedBlocks()
     for model in (Model([_layer()]), Model([_layer(), _layer()])):
-        vllm_blocks.fuse_model(model, vllm_blocks.plan_model(model, cpu=False), blocks, all_reduce=lambda t: t)
+        plans = vllm_blocks.plan_model(model, cpu=False, batch_invariant=False)
+        vllm_blocks.fuse_model(model, plans, blocks, all_reduce=lambda t: t)
     assert list(blocks.fused) == ["layers.0", "model1:layers.0", "model1:layers.1"]
     assert blocks.report()["layers_fused"] == 3
 

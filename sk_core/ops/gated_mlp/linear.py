@@ -9,12 +9,14 @@ This op offers that kernel on its own, for the projections outside the fused MLP
 
     out = x @ weightᵀ (+ bias)      x (..., K), weight [N, K], bias [N]; products accumulated in fp32, rounded once
 
-Measured on the H200 (results/h200/gated_mlp/README.md, 2026-12-04), the kernel alone is slower than cuBLAS at
-most projection shapes (0.56–0.93× at M ≤ 32), so `backend="cublas"` (`torch.nn.functional.linear`) is the
-default and `backend="split_k"` asks for the kernel. Dispatch: bf16/fp16 CUDA tensors on SM90 (or CPU tensors
-under TRITON_INTERPRET=1) with N and K multiples of 8 run the chosen backend (split_k: up to `LINEAR_MAX_M` rows,
-cuBLAS above them); anything else runs `linear_reference`, recorded under the coverage row `linear` (an error
-under strict mode).
+With its table's configs the kernel is slower than cuBLAS at most projection shapes (0.7–1.0× at M ≤ 32, weights
+read from HBM: results/h100/ops/README.md, 2026-12-06); tuned configs (`triton_kernels.LINEAR_TUNED`) beat it at
+the shapes swept (Llama-3-8B's QKV and output projections at 1–8 rows: 1.03× and 1.12×). So `backend="cublas"`
+(`torch.nn.functional.linear`) is the default, `backend="auto"` runs the kernel where a tuned entry says it wins
+and cuBLAS elsewhere, and `backend="split_k"` asks for the kernel everywhere it covers. Dispatch: bf16/fp16 CUDA
+tensors on SM90 (or CPU tensors under TRITON_INTERPRET=1) with N and K multiples of 8 run the chosen backend
+(split_k: up to `LINEAR_MAX_M` rows, cuBLAS above them); anything else runs `linear_reference`, recorded under the
+coverage row `linear` (an error under strict mode).
 A weight in another dtype or layout is cast once (`weight_cache.cast`), never per call. Training: the backward is
 autograd of the reference, recorded.
 """
@@ -34,7 +36,7 @@ from sk.ops.gated_mlp import triton_kernels
 from sk.ops.gated_mlp.common import is_eager
 
 OP = "linear"
-BACKENDS = ("cublas", "split_k")
+BACKENDS = ("cublas", "split_k", "auto")
 
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -69,7 +71,9 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
     dtype = x.dtype
     w = weight_cache.cast(OP, weight, dtype)
     b = None if bias is None else weight_cache.cast(OP, bias, dtype)
-    if backend == "cublas" or x.shape[0] > triton_kernels.LINEAR_MAX_M:
+    m = x.shape[0]
+    if backend == "cublas" or m > triton_kernels.LINEAR_MAX_M or (
+            backend == "auto" and not triton_kernels.linear_tuned(m, n, k)):
         return torch.nn.functional.linear(x, w, b)
     tma = triton_kernels.tma_ready
     return triton_kernels.linear_kernels(tma(x), tma(w), b)
@@ -125,9 +129,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         out = x @ weightᵀ (+ bias)          x (..., K), weight [N, K], bias [N]  ->  out (..., N)
 
     Products accumulated in fp32 and rounded once to x's dtype. `backend`: "cublas" (default; torch's linear,
-    measured faster than our kernel at most projection shapes on the H200) or "split_k" (our kernel up to 32 rows,
-    cuBLAS above; its K splits summed in a fixed order, the same bits every run), for bf16 and fp16 on SM90 with
-    N and K multiples of 8; anything else (fp32, CPU, other widths) the PyTorch reference, recorded in
+    as fast as our kernel or faster at most projection shapes), "split_k" (our kernel up to 32 rows, cuBLAS
+    above; its K splits summed in a fixed order, the same bits every run) or "auto" (our kernel where its tuned
+    table measured it faster than cuBLAS for these rows and this weight shape, cuBLAS elsewhere), for bf16 and
+    fp16 on SM90 with N and K multiples of 8; anything else (fp32, CPU, other widths) the PyTorch reference, recorded in
     the Kernel Coverage report. A weight in another dtype than x is cast once and the copy reused (one copy of
     the weight in x's dtype), so call the op once before capturing a CUDA graph (that call also zeroes the
     split counters each captured call then takes for itself, so graphs may be replayed concurrently). Under

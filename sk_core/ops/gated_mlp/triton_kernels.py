@@ -223,9 +223,16 @@ DOWN_CONFIGS = {
     "m1024": GemmConfig(128, 128, 64, 8, 4, split_k=0),
     "large": GemmConfig(128, 256, 64, 8, 3),
 }
-# (class, d_model, d_ff) -> (gate_up, down), each with `source` naming its committed sweep result. Empty until
-# the H200 sweep.
-TUNED: dict[tuple[str, int, int], tuple[GemmConfig, GemmConfig]] = {}
+# (class, d_model, d_ff) -> (gate_up, down), each with `source` naming its committed sweep result.
+# Llama-3-8B at TP-4, decode: 56 gate/up programs on 132 SMs want deeper loads (256 of K a stage), the down GEMM
+# 64-row tiles in one wave; the pair timed together ran 36.4 / 37.1 µs against the table's 40.9 / 42.6 at 1 / 8
+# rows (H100, weights read from HBM).
+_TP4_SWEEP = "results/h100/gated_mlp/2026-12-06/sweep-tp4-hbm/bench_gated_mlp_sweep.json"
+TUNED: dict[tuple[str, int, int], tuple[GemmConfig, GemmConfig]] = {
+    ("m8", 4096, 3584): (
+        GemmConfig(16, 128, 256, 4, 3, swap_ab=True, dependent_launch="at_start", source=_TP4_SWEEP),
+        GemmConfig(16, 64, 128, 4, 3, split_k=0, split_waves=1.0, swap_ab=True, source=_TP4_SWEEP)),
+}
 MAX_SPLIT_K = 16
 
 
@@ -355,10 +362,28 @@ _capture_blocks: dict[torch.device, torch.Tensor] = {}
 _capture_used: dict[torch.device, int] = {}
 
 
+# (class, N, K) -> the split-K config measured faster than cuBLAS there (`source`: its committed sweep, weights
+# read from HBM). `sk.ops.linear(backend="auto")` runs the kernel only at these; elsewhere cuBLAS, which was as fast
+# or faster (Llama-3.2-1B's projections, any shape at 32 rows).
+# Llama-3-8B's QKV and output projections at 1-8 rows: 64-row tiles, K split for one wave (2-3 splits);
+# 19.9 / 14.4 µs against cuBLAS's 20.5 / 16.1 at one row (H100).
+_LINEAR_SWEEP = "results/h100/ops/2026-12-06/linear-sweep/bench_linear_sweep.json"
+LINEAR_TUNED: dict[tuple[str, int, int], GemmConfig] = {
+    ("m8", n, 4096): GemmConfig(16, 64, 128, 4, 3, split_k=0, split_waves=1.0, swap_ab=True, source=_LINEAR_SWEEP)
+    for n in (6144, 4096)
+}
+
+
+def linear_tuned(m: int, n: int, k: int) -> bool:
+    """Whether the split-K kernel was measured faster than cuBLAS for m rows of an [n, k] weight (`LINEAR_TUNED`)."""
+    return (shape_class(m), n, k) in LINEAR_TUNED
+
+
 def linear_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
-    """The split-K config of `sk.ops.linear` for m rows of an [n, k] weight: the down GEMM's decode class
-    (`DOWN_CONFIGS`, its K split resolved to fill the GPU)."""
-    return fit_split(DOWN_CONFIGS[shape_class(m)], m, n, k, sms)
+    """The split-K config of `sk.ops.linear` for m rows of an [n, k] weight: its tuned entry (`LINEAR_TUNED`), else
+    the down GEMM's decode class (`DOWN_CONFIGS`); the K split resolved to fill the GPU."""
+    cls = shape_class(m)
+    return fit_split(LINEAR_TUNED.get((cls, n, k)) or DOWN_CONFIGS[cls], m, n, k, sms)
 
 
 def _stream_key(device: torch.device) -> tuple[torch.device, int]:
