@@ -1,6 +1,9 @@
 """The gated-MLP block (sk.ops.fused_gated_mlp) on the GPU, side by side in one run with the engines' own op
 sequences, per call inside a CUDA graph (sk.bench.timing: 20 calls a replay, medians, implementations
-interleaved; fewer calls and replays at M >= 2048). bf16, with a residual (the engines' form).
+interleaved; fewer calls and replays at M >= 2048). bf16, with a residual (the engines' form). Each
+implementation's calls (and the sweep's) read the weights from HBM, as a decode step does: they cycle through
+copies that stream three L2s between two reads of one (`sk.bench.timing.l2_cold_copies`; since 2026-12-06, before
+which a block of under ~100 MB was partly read from L2).
 
     python benchmarks/bench_gated_mlp.py --out DIR [--quick] [--shapes a,b] [--m 1,8,...] [--no-compile]
                                          [--budget-s S] [--sweep] [--kernels]
@@ -93,30 +96,38 @@ def rel_err(out, ref):
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def sequence(p, norm, activation, add_norm, act_and_mul):
+def sequence(p, weights, add_norm, act_and_mul):
     """The engines' op sequence: in-place add+norm (x ← norm(x + residual), residual ← x + residual), cuBLAS
-    gate/up, act_and_mul into a buffer, cuBLAS down. Returns a call returning (out, residual)."""
+    gate/up, act_and_mul into a buffer, cuBLAS down; each call on the next of `weights` (`l2_cold_copies`).
+    Returns a call returning (out, residual)."""
     x, r, w = p["x"].clone(), p["residual"].clone(), p["norm_weight"]
-    wgu, wd = p["gate_up_weight"], p["down_weight"]
-    ff = wd.shape[1]
+    ff = p["down_weight"].shape[1]
     a = torch.empty((x.shape[0], ff), dtype=x.dtype, device=x.device)
 
     def run():
+        ws = next(weights)
         add_norm(x, r, w)
-        gu = torch.mm(x, wgu.t())
+        gu = torch.mm(x, ws["gate_up_weight"].t())
         act_and_mul(a, gu)
-        return torch.mm(a, wd.t()), r
+        return torch.mm(a, ws["down_weight"].t()), r
     return run, (x, r)
 
 
 def implementations(p, norm, activation, peers, with_compile, log):
-    """name -> (call, reset) where reset() restores in-place inputs before an error check."""
+    """name -> (call, reset) where reset() restores in-place inputs before an error check. Each implementation's
+    calls cycle through copies of the weights that stream three L2s between two reads of one (`l2_cold_copies`):
+    a decode step reads them from HBM."""
     impls = {}
     tanh = activation == "gelu_tanh"
     gemma = norm == "gemma_rms"
 
+    def cold():
+        return l2_cold_copies({k: p[k] for k in ("gate_up_weight", "down_weight")})
+    mine = cold()
+
     def ours():
-        return sk.ops.fused_gated_mlp(p["x"], p["norm_weight"], p["gate_up_weight"], p["down_weight"], EPS,
+        w = next(mine)
+        return sk.ops.fused_gated_mlp(p["x"], p["norm_weight"], w["gate_up_weight"], w["down_weight"], EPS,
                                       residual=p["residual"], norm=norm, activation=activation)
     impls["ours"] = ours
     sk_add_norm = sk.ops.gemma_fused_add_rms_norm_ if gemma else sk.ops.fused_add_rms_norm_
@@ -136,20 +147,24 @@ def implementations(p, norm, activation, peers, with_compile, log):
         act = s.gelu_tanh_and_mul if tanh else s.silu_and_mul
         impls["sglang"] = ("seq", lambda x, r, w, add=add: add(x, r, w, EPS), lambda a, gu, act=act: act(gu, a))
 
-    def reference(x, r):
-        return gated_mlp_reference(x, p["norm_weight"], p["gate_up_weight"], p["down_weight"], EPS, residual=r,
-                                   norm=norm, activation=activation)
-    impls["eager"] = lambda: reference(p["x"], p["residual"])
+    def reference(x, r, wgu, wd):  # the weights as arguments: graph inputs to torch.compile, not constants
+        return gated_mlp_reference(x, p["norm_weight"], wgu, wd, EPS, residual=r, norm=norm, activation=activation)
+
+    def on_next(fn, weights):
+        def call():
+            w = next(weights)
+            return fn(p["x"], p["residual"], w["gate_up_weight"], w["down_weight"])
+        return call
+    impls["eager"] = on_next(reference, cold())
     if with_compile:
         # A fresh Dynamo state per case: otherwise the 9th shape would pass the recompile limit (and silently run
         # eagerly) and later shapes would compile with dynamic sizes.
         torch._dynamo.reset()
-        compiled = torch.compile(reference, mode="max-autotune-no-cudagraphs")
-        impls["compile"] = lambda: compiled(p["x"], p["residual"])
+        impls["compile"] = on_next(torch.compile(reference, mode="max-autotune-no-cudagraphs"), cold())
     fns, seq_state = {}, {}
     for name, impl in impls.items():
         if isinstance(impl, tuple):
-            run, state = sequence(p, norm, activation, impl[1], impl[2])
+            run, state = sequence(p, cold(), impl[1], impl[2])
             fns[name], seq_state[name] = run, state
         else:
             fns[name] = impl
