@@ -176,6 +176,9 @@ def reload() -> None:
 
 # What switches our adapter on in an engine process: removed from a stock run's environment.
 ENGINE_SWITCHES = ("adapters", "strict", "report_dir")
+# What changes the model an engine compiles (which layers call which of our ops): an engine's compile cache must
+# be keyed by their values, or a start with other values loads a graph compiled for these.
+ENGINE_GRAPH_SETTINGS = ("fused_mlp", "attention_linear")
 
 
 def env_name(name: str) -> str:

@@ -9,6 +9,7 @@ Once on, in each process:
   - GemmaRMSNorm, SiluAndMul, GeluAndMul (erf and tanh): subclasses whose every forward path calls sk.ops;
   - decoder layers of the Llama and Gemma families (after weight loading): norm + MLP as one
     sk.ops.fused_gated_mlp call (`fused_blocks.py`; SK_FUSED_MLP=0 leaves them to the layers above);
+  - vLLM's compile-cache key covers the settings that change the compiled model (`compile_key.py`);
   - with SK_REPORT_DIR set, a JSON report (replaced layers, kernel calls, fallbacks) is written at exit.
 SK_STRICT=1 (sk-serve --strict) turns any fallback inside the engine into sk.CoverageError.
 """
@@ -41,7 +42,7 @@ def register() -> None:
     global _registration
     if _registration is not None or not reports.is_active(ENGINE):
         return
-    from sk.adapters.vllm import fused_blocks
+    from sk.adapters.vllm import compile_key, fused_blocks
     from sk.adapters.vllm.ir_providers import PROVIDER, register_providers
     from sk.adapters.vllm.layers import register_layers
     from sk.adapters.vllm.support import check_installed_vllm
@@ -51,6 +52,7 @@ def register() -> None:
     for op in register_providers():
         replaced[f"vllm.ir.ops.{op}"] = f"provider {PROVIDER!r} (first in IR op priority)"
     replaced[FUSED_BLOCKS_KEY] = fused_blocks.install()
+    compile_key.install()
     _forget_cached_gemma_activation()
     _registration = {"vllm": build, "replaced": replaced}
     reports.set_report_builder(report)

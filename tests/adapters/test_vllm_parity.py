@@ -153,6 +153,35 @@ def test_attention_projections_through_sk_linear(engine_run, mode):
     assert "QKV and output projections -> sk.ops.linear" in worker["replaced"]["decoder layers (norm + MLP)"]
 
 
+@pytest.mark.vllm
+def test_an_engine_started_with_other_graph_settings_compiles_its_own_graph(vllm_python, engine_env, tmp_path):
+    # vLLM keys its compiled graphs (torch_compile_cache, AOT artifacts) by its config and environment, not by
+    # ours: before the adapter folded SK_FUSED_MLP and SK_ATTENTION_LINEAR into VllmConfig.compute_hash, an
+    # engine started without the routed projections after one with them loaded that one's graph and ran
+    # sk.ops.linear (H100, results/h100/engines/README.md, 2026-12-06; here the stale artifact happened to fail
+    # to load, and vLLM compiled again into the same key). Same cache, routed engine first: two keys.
+    def run(variant: str) -> dict:
+        work = tmp_path / variant
+        env = {**engine_env, **VARIANTS[variant], "SK_REPORT_DIR": str(work / "reports"),
+               "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+        done = subprocess.run([vllm_python, __file__, "--style", "llama", "--mode", "compiled",
+                               "--out", str(work / "tokens.json")], env=env, capture_output=True, text=True,
+                              timeout=RUN_TIMEOUT_S)
+        assert done.returncode == 0, done.stderr[-6000:]
+        (worker,) = model_process_reports(read_reports(work / "reports"))
+        return worker
+
+    def linear_calls(worker: dict) -> int:
+        coverage = worker["coverage"]
+        return coverage["kernel_calls"].get("linear", 0) + sum(
+            f["count"] for f in coverage["fallbacks"] if f["op"] == "linear")
+    assert linear_calls(run("sk-linear")) > 0
+    plain = run("sk-torch")
+    assert plain["fused_blocks"]["projections"]["routed"] == 0 and linear_calls(plain) == 0, plain["coverage"]
+    keys = [d.name for d in (tmp_path / "vllm-cache" / "torch_compile_cache" / "torch_aot_compile").iterdir()]
+    assert len(keys) == 2, keys
+
+
 @pytest.fixture(scope="module")
 def zeroed_llama(tmp_path_factory) -> str:
     """The trained llama-style model with every post-attention norm weight zero (its MLPs then add nothing): new
