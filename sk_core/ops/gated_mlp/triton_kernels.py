@@ -223,12 +223,12 @@ DOWN_CONFIGS = {
     "m1024": GemmConfig(128, 128, 64, 8, 4, split_k=0),
     "large": GemmConfig(128, 256, 64, 8, 3),
 }
-# (class, d_model, d_ff) -> (gate_up, down), each with `source` naming its committed sweep result.
-# Llama-3-8B at TP-4, decode: 56 gate/up programs on 132 SMs want deeper loads (256 of K a stage), the down GEMM
-# 64-row tiles in one wave; the pair timed together ran 36.4 / 37.1 µs against the table's 40.9 / 42.6 at 1 / 8
-# rows (H100, weights read from HBM).
 _TP4_SWEEP = "results/h100/gated_mlp/2026-12-06/sweep-tp4-hbm/bench_gated_mlp_sweep.json"
+# (class, d_model, d_ff) -> (gate_up, down), each with `source` naming its committed sweep result.
 TUNED: dict[tuple[str, int, int], tuple[GemmConfig, GemmConfig]] = {
+    # Llama-3-8B at TP-4, decode: 56 gate/up programs on 132 SMs want deeper loads (256 of K a stage), the down
+    # GEMM 64-row tiles in one wave; the pair timed together ran 36.4 / 37.1 µs against the table's 40.9 / 42.6
+    # at 1 / 8 rows (H100, weights read from HBM).
     ("m8", 4096, 3584): (
         GemmConfig(16, 128, 256, 4, 3, swap_ab=True, dependent_launch="at_start", source=_TP4_SWEEP),
         GemmConfig(16, 64, 128, 4, 3, split_k=0, split_waves=1.0, swap_ab=True, source=_TP4_SWEEP)),
