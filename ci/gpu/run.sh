@@ -79,8 +79,8 @@ for step in $steps; do
     qk-norm) python3 benchmarks/bench_qk_norm.py "$out/qk_norm" 2>&1 | tee "$out/qk_norm.log" ;;
     norm-pdl) python3 benchmarks/bench_norm_pdl.py "$out/norm_pdl" 2>&1 | tee "$out/norm_pdl.log" ;;
     linear-sweep) python3 benchmarks/bench_linear.py --sweep \
-                    --shapes "${SK_LINEAR_SHAPES:-llama3-8b-qkv,llama3-8b-o,llama3.2-1b-qkv}" --m "${SK_LINEAR_M:-1,8,32}" \
-                    --out "$out/linear" 2>&1 | tee "$out/linear_sweep.log" ;;
+                    --shapes "${SK_LINEAR_SHAPES:-llama3-8b-qkv,llama3-8b-o,llama3.2-1b-qkv}" \
+                    --m "${SK_LINEAR_M:-1,8,32}" --out "$out/linear" 2>&1 | tee "$out/linear_sweep.log" ;;
   esac
 done
 exit $status
