@@ -96,6 +96,11 @@ def rel_err(out, ref):
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
+def cold_weights(p):
+    """A cycle of copies of the problem's gate/up and down weights read from HBM at each call (`l2_cold_copies`)."""
+    return l2_cold_copies({k: p[k] for k in ("gate_up_weight", "down_weight")})
+
+
 def sequence(p, weights, add_norm, act_and_mul):
     """The engines' op sequence: in-place add+norm (x ← norm(x + residual), residual ← x + residual), cuBLAS
     gate/up, act_and_mul into a buffer, cuBLAS down; each call on the next of `weights` (`l2_cold_copies`).
@@ -121,9 +126,7 @@ def implementations(p, norm, activation, peers, with_compile, log):
     tanh = activation == "gelu_tanh"
     gemma = norm == "gemma_rms"
 
-    def cold():
-        return l2_cold_copies({k: p[k] for k in ("gate_up_weight", "down_weight")})
-    mine = cold()
+    mine = cold_weights(p)
 
     def ours():
         w = next(mine)
@@ -155,16 +158,17 @@ def implementations(p, norm, activation, peers, with_compile, log):
             w = next(weights)
             return fn(p["x"], p["residual"], w["gate_up_weight"], w["down_weight"])
         return call
-    impls["eager"] = on_next(reference, cold())
+    impls["eager"] = on_next(reference, cold_weights(p))
     if with_compile:
         # A fresh Dynamo state per case: otherwise the 9th shape would pass the recompile limit (and silently run
         # eagerly) and later shapes would compile with dynamic sizes.
         torch._dynamo.reset()
-        impls["compile"] = on_next(torch.compile(reference, mode="max-autotune-no-cudagraphs"), cold())
+        impls["compile"] = on_next(torch.compile(reference, mode="max-autotune-no-cudagraphs"),
+                                    cold_weights(p))
     fns, seq_state = {}, {}
     for name, impl in impls.items():
         if isinstance(impl, tuple):
-            run, state = sequence(p, cold(), impl[1], impl[2])
+            run, state = sequence(p, cold_weights(p), impl[1], impl[2])
             fns[name], seq_state[name] = run, state
         else:
             fns[name] = impl
@@ -295,7 +299,7 @@ def sweep_case(shape, m, d, ff, norm, activation, log):
     sms = tk.sm_count(dev)
     base_gu, base_down = tk.choose_configs(m, d, ff, sms)
 
-    weights = l2_cold_copies({k: p[k] for k in ("gate_up_weight", "down_weight")})  # read from HBM, as in decode
+    weights = cold_weights(p)
 
     def run(configs):
         def call():
