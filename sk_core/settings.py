@@ -106,6 +106,14 @@ SETTINGS: dict[str, Setting] = {
         "(on a GPU, where the op has a kernel for the layer's dtype and shape); `0`: the engine's own layers run "
         "them, with our norm and activation ops (the A/B switch). Read by every engine process.",
         live=True),
+    "norm_act_layers": Setting(
+        "SK_NORM_ACT_LAYERS", "1", _flag,
+        "`1`: the engine adapters run the engines' RMSNorm, GemmaRMSNorm, SiluAndMul and GeluAndMul layers on our "
+        "ops (in vLLM: the `vllm.ir` provider \"sk\" first, and out-of-tree layer classes); `0`: those layers stay "
+        "the engine's (in vLLM, compiled by Inductor), and only the fused decoder blocks (SK_FUSED_MLP) and the "
+        "projections (SK_ATTENTION_LINEAR) are ours: the A/B switch for what the standalone layers cost or gain "
+        "inside an engine's graphs. Read by every engine process.",
+        live=True),
     "attention_linear": Setting(
         "SK_ATTENTION_LINEAR", "0", _flag,
         "`1`: the engine adapters run each decoder layer's QKV and output projections through `sk.ops.linear` with "
@@ -178,7 +186,7 @@ def reload() -> None:
 ENGINE_SWITCHES = ("adapters", "strict", "report_dir")
 # What changes the model an engine compiles (which layers call which of our ops): an engine's compile cache must
 # be keyed by their values, or a start with other values loads a graph compiled for these.
-ENGINE_GRAPH_SETTINGS = ("fused_mlp", "attention_linear")
+ENGINE_GRAPH_SETTINGS = ("fused_mlp", "attention_linear", "norm_act_layers")
 
 
 def env_name(name: str) -> str:

@@ -6,7 +6,7 @@ SGLang's spawned scheduler/TP processes inherit. In each SGLang process, `load_p
 `register()` below before any model is built:
   - the installed SGLang is checked (version, and the structure the hooks rely on) and anything else refused;
   - AROUND hooks in SGLang's HookRegistry route forward_cuda and forward_native of RMSNorm, GemmaRMSNorm,
-    SiluAndMul and GeluAndMul to sk.ops (see `hooks.py`);
+    SiluAndMul and GeluAndMul to sk.ops (see `hooks.py`; SK_NORM_ACT_LAYERS=0 leaves them SGLang's);
   - AFTER hooks on the Llama/Qwen/Gemma decoder layers' __init__ make each layer's norm + MLP one
     sk.ops.fused_gated_mlp call (`fused_blocks.py`; SK_FUSED_MLP=0 leaves them to the hooked layers above);
   - an AFTER hook on Scheduler.get_internal_state makes `Engine.get_server_info()` (HTTP: GET /server_info)

