@@ -2,10 +2,10 @@
 
 vLLM keys its compiled graphs (`torch_compile_cache/`, its AOT artifacts) by `VllmConfig.compute_hash()`, its
 own environment factors and the traced files' contents. Our settings that change what the model calls
-(`sk.settings.ENGINE_GRAPH_SETTINGS`: SK_FUSED_MLP, SK_ATTENTION_LINEAR) are none of those, so an engine started
-with other values than the last one loaded that one's graph: on an H100, an engine without the routed projections
-ran `sk.ops.linear` from the graph of one with them (results/h100/engines/README.md, 2026-12-06). Each process
-of an engine with the adapter folds their values into the config's hash.
+(`sk.settings.ENGINE_GRAPH_SETTINGS`: SK_FUSED_MLP, SK_ATTENTION_LINEAR, SK_NORM_ACT_LAYERS) are none of those,
+so an engine started with other values than the last one loaded that one's graph: on an H100, an engine without
+the routed projections ran `sk.ops.linear` from the graph of one with them (results/h100/engines/README.md,
+2026-12-06). Each process of an engine with the adapter folds their values into the config's hash.
 """
 from __future__ import annotations
 
