@@ -118,8 +118,8 @@ SETTINGS: dict[str, Setting] = {
         "SK_ATTENTION_LINEAR", "0", _flag,
         "`1`: the engine adapters run each decoder layer's QKV and output projections through `sk.ops.linear` with "
         "`backend=\"auto\"`: our split-K kernel where its tuned table measured it faster than cuBLAS (Llama-3-8B's "
-        "projections at 1–8 rows, 1.01–1.12× on an H100), cuBLAS elsewhere. Off by default until the engines' paired runs "
-        "show the gain. Read by every engine process.",
+        "projections at 1–8 rows, 1.01–1.12× on an H100), cuBLAS elsewhere. Off by default until the engines' "
+        "paired runs show the gain. Read by every engine process.",
         live=True),
     "step_graphs": Setting(
         "SK_STEP_GRAPHS", "1", _flag,

@@ -11,9 +11,9 @@ This op offers that kernel on its own, for the projections outside the fused MLP
 
 With its table's configs the kernel is slower than cuBLAS at most projection shapes (0.7–1.0× at M ≤ 32, weights
 read from HBM: results/h100/ops/README.md, 2026-12-06); tuned configs (`triton_kernels.LINEAR_TUNED`) beat it at
-the shapes swept (Llama-3-8B's QKV and output projections at 1–8 rows: 1.01–1.02× and 1.09–1.12×). So `backend="cublas"`
-(`torch.nn.functional.linear`) is the default, `backend="auto"` runs the kernel where a tuned entry says it wins
-and cuBLAS elsewhere, and `backend="split_k"` asks for the kernel everywhere it covers. Dispatch: bf16/fp16 CUDA
+the shapes swept (Llama-3-8B's QKV and output projections at 1–8 rows: 1.01–1.02× and 1.09–1.12×). So
+`backend="cublas"` (`torch.nn.functional.linear`) is the default, `backend="auto"` runs the kernel where a tuned
+entry says it wins and cuBLAS elsewhere, and `backend="split_k"` asks for the kernel everywhere it covers. Dispatch: bf16/fp16 CUDA
 tensors on SM90 (or CPU tensors under TRITON_INTERPRET=1) with N and K multiples of 8 run the chosen backend
 (split_k: up to `LINEAR_MAX_M` rows, cuBLAS above them); anything else runs `linear_reference`, recorded under the
 coverage row `linear` (an error under strict mode).
