@@ -88,6 +88,17 @@ def truncated_model_args(scenario: Scenario, max_layers: int | None) -> dict:
     return {"model": scenario.checkpoint()}
 
 
+def device_identity() -> dict:
+    """The card a run measured: its name and, on a GPU, its UUID (`sk profile --compare` says whether two
+    profiles ran on one card: only then do their kernel times compare)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"device": "cpu"}
+    uuid = getattr(torch.cuda.get_device_properties(0), "uuid", None)
+    return {"device": torch.cuda.get_device_name(0), **({"device_uuid": str(uuid)} if uuid is not None else {})}
+
+
 def memory_args(scenario: Scenario, slot: int, engines: int) -> dict:
     """The memory arguments of engine `slot` (0-based, in start order) of `engines` sharing one device.
 
@@ -192,8 +203,7 @@ class VllmEngine:
         import vllm
 
         hf_config = self.llm.llm_engine.model_config.hf_config
-        return {"engine": "vllm", "vllm": vllm.__version__, "torch": torch.__version__,
-                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        return {"engine": "vllm", "vllm": vllm.__version__, "torch": torch.__version__, **device_identity(),
                 "architecture": hf_config.model_type, "num_hidden_layers": hf_config.num_hidden_layers}
 
     def close(self) -> None:
@@ -309,8 +319,7 @@ class SglangEngine:
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(self.model_path)
-        return {"engine": "sglang", "sglang": sglang.__version__, "torch": torch.__version__,
-                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        return {"engine": "sglang", "sglang": sglang.__version__, "torch": torch.__version__, **device_identity(),
                 "architecture": config.model_type, "num_hidden_layers": config.num_hidden_layers}
 
     def close(self) -> None:

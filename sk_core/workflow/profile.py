@@ -50,7 +50,8 @@ def profile_table(scenario: scenarios.Scenario, variant: str, rows: dict[str, di
 def compare(base: dict, cand: dict) -> list[dict]:
     """Two `sk profile` documents side by side: per workload profiled in both (scenario rows matched by model and
     engine), per engine step in each, the busy time, idle gaps and kernels, each class's time, and each kernel of
-    either's top list (None where a kernel is not among a document's top ones: it ran for less, or not at all)."""
+    either's top list (None where a kernel is not among a document's top ones: it ran for less, or not at all);
+    `gpus`: the UUIDs of the cards each ran on (None where a file predates them)."""
     def per_step(r: dict, us: float | None) -> float | None:
         return None if us is None else us / (r["steps"] or 1)
 
@@ -75,6 +76,8 @@ def compare(base: dict, cand: dict) -> list[dict]:
                        for name in dict.fromkeys([*b_top, *c_top])]
             kernels.sort(key=lambda k: -max(k["base_us"] or 0.0, k["cand_us"] or 0.0))
             found.append({"model": key[0], "engine": key[1], "workload": token, "steps": (b["steps"], c["steps"]),
+                          "gpus": (b_row.get("environment", {}).get("device_uuid"),
+                                   cand_rows[key].get("environment", {}).get("device_uuid")),
                           "kernels_per_step": (b["kernels_per_step"], c["kernels_per_step"]),
                           "per_step_us": {name: (per_step(b, x), per_step(c, y)) for name, (x, y) in lines.items()},
                           "kernels": kernels})
@@ -82,6 +85,17 @@ def compare(base: dict, cand: dict) -> list[dict]:
         raise WorkflowError("sk profile --compare: the two files share no workload of the same model and engine "
                             f"(base: {sorted(base_rows)}, candidate: {sorted(cand_rows)})")
     return found
+
+
+def same_card(gpus: tuple[str | None, str | None]) -> str:
+    """Whether a comparison's two profiles ran on one card, in words: kernel times compare only then."""
+    if None in gpus:
+        return "Which card each profile ran on is not recorded in both files."
+    if gpus[0] == gpus[1]:
+        return "Both ran on one card."
+    return (f"DIFFERENT CARDS ({gpus[0]} and {gpus[1]}): the times above mix the cards' difference with the "
+            "variants' (two cards of one model can differ in a kernel's time by as much as a variant changes it); "
+            "profile both variants on one card, as `sk eval` pairs them.")
 
 
 def compare_tables(rows: list[dict], base_label: str, cand_label: str) -> list[Table]:
@@ -107,7 +121,7 @@ def compare_tables(rows: list[dict], base_label: str, cand_label: str) -> list[T
                           diff(k["base_us"], k["cand_us"]))
         steps = " and ".join("unknown (whole batch)" if n is None else str(n) for n in r["steps"])
         table.caption = ("kernels: each file's top ones by time; '-' where a kernel is not among a file's top "
-                         f"ones. Steps profiled: {steps}.")
+                         f"ones. Steps profiled: {steps}. {same_card(r['gpus'])}")
         table.caption_justify = "left"
         tables.append(table)
     return tables
@@ -126,8 +140,12 @@ def run_compare(base_file: str, cand_file: str, console: Console) -> None:
     labels = [f"{d['variant']} ({d['date'][:10]})" for d in documents]
     if labels[0] == labels[1]:
         labels = ["base", "candidate"]
-    for table in compare_tables(compare(*documents), *labels):
+    rows = compare(*documents)
+    for table in compare_tables(rows, *labels):
         console.print(table)
+    if any(None not in r["gpus"] and r["gpus"][0] != r["gpus"][1] for r in rows):
+        console.print("[yellow]sk profile --compare: the two profiles ran on different cards; their kernel times "
+                      "do not compare (see the tables' notes)")
 
 
 def write_chart(document: dict, path: Path) -> Path | None:

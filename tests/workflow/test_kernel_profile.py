@@ -1,5 +1,6 @@
 """`sk profile`'s kernel classes and trace summary (sk.workflow.kernel_profile), on real kernel names and a
 recorded-style trace (tests/workflow/data/decode_trace.json: two decode steps of vLLM kernels on an H200)."""
+import json
 from pathlib import Path
 
 import pytest
@@ -162,6 +163,42 @@ def test_two_profiles_compare_per_engine_step_class_by_class_and_kernel_by_kerne
     with pytest.raises(WorkflowError, match="share no workload of the same model and engine"):
         profile.compare(document("stock", {"LLM.decode_batch_32": stock}),
                         document("ours", {"LLM.decode_batch_32": ours}, model="sk-tiny/llama"))
+
+
+def test_a_comparison_says_whether_both_profiles_ran_on_one_card(tmp_path):
+    from rich.console import Console
+
+    from sk.workflow import profile
+
+    summary = summarize_trace([{"ph": "X", "cat": "kernel", "name": "nvjet_a", "ts": 0.0, "dur": 10.0}], steps=1)
+
+    def document(uuid):
+        environment = {"device": "NVIDIA H100 80GB HBM3"} | ({"device_uuid": uuid} if uuid else {})
+        return {"schema": profile.SCHEMA, "date": "2026-12-06T00:00:00+00:00", "variant": "stock",
+                "scenarios": [{"scenario": {"model": "sk-tiny/qwen3", "engine": "vllm"}, "environment": environment,
+                               "workloads": {"LLM.decode_batch_32": summary}}]}
+
+    def notes(base, cand):
+        (row,) = profile.compare(document(base), document(cand))
+        console = Console(width=400, record=True)
+        for table in profile.compare_tables([row], "stock", "ours"):
+            console.print(table)
+        return row["gpus"], " ".join(console.export_text().split())  # the caption wraps at the table's width
+    gpus, text = notes("GPU-1", "GPU-1")
+    assert gpus == ("GPU-1", "GPU-1") and "Both ran on one card." in text
+    gpus, text = notes("GPU-1", "GPU-2")
+    assert gpus == ("GPU-1", "GPU-2") and "DIFFERENT CARDS (GPU-1 and GPU-2)" in text
+    gpus, text = notes(None, "GPU-2")  # a file written before the UUID was recorded
+    assert gpus == (None, "GPU-2") and "not recorded" in text
+    # The command line warns outside the tables too, and only for two known, different cards.
+    for base, cand, warned in (("GPU-1", "GPU-2", True), ("GPU-1", "GPU-1", False), (None, "GPU-2", False)):
+        paths = []
+        for name, uuid in (("base", base), ("cand", cand)):
+            paths.append(tmp_path / f"{name}.json")
+            paths[-1].write_text(json.dumps(document(uuid)))
+        console = Console(width=400, record=True)
+        profile.run_compare(*map(str, paths), console)
+        assert ("ran on different cards" in " ".join(console.export_text().split())) is warned
 
 
 def test_the_kept_trace_holds_the_device_events_and_summarizes_the_same(tmp_path):
