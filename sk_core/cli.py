@@ -171,9 +171,11 @@ def cmd_profile(args) -> int:
         return 0
     if not args.scenario:
         raise WorkflowError("sk profile needs a scenario YAML (or --compare BASE.json CANDIDATE.json)")
+    if args.both and args.sk:
+        raise WorkflowError("sk profile --both profiles stock and then ours: drop --sk")
     profile.run(args.scenario, Path(args.out), with_sk=args.sk, enforce_eager=args.enforce_eager,
                 max_layers=args.max_layers, max_requests=args.max_requests, console=console,
-                workloads=_tokens(args.workloads))
+                workloads=_tokens(args.workloads), both=args.both)
     return 0
 
 
@@ -291,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
                          help="instead of profiling: two earlier profiles side by side per engine step (e.g. stock, "
                               "then --sk), each class's and each top kernel's time and the difference")
     profile.add_argument("--sk", action="store_true", help="profile with our adapter on (default: the stock engine)")
+    profile.add_argument("--both", action="store_true",
+                         help="profile the stock engine, then ours, on this device (OUT/stock/, OUT/sk/), and "
+                              "compare them (OUT/SCENARIO.compare.txt)")
     profile.add_argument("--enforce-eager", action="store_true", help="no compilation or CUDA graphs")
     profile.add_argument("--out", type=output_dir, default="results/profile", help="folder for the JSON and PNG")
     _workloads_option(profile)

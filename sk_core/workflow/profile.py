@@ -6,11 +6,14 @@ the process that runs the model (vLLM: the worker, through sk.workflow.profile_w
 through its own profiler). The device's kernels are classified by name (sk.workflow.kernel_profile): GPU time
 and share per class, the sum of idle gaps between kernels, kernels per engine step. Writes JSON and a
 stacked-bar PNG beside it. `sk profile --compare BASE.json CAND.json` sets two such files side by side (before
-and after: which kernels went away, what each step spends now), per engine step.
+and after: which kernels went away, what each step spends now), per engine step; `sk profile --both` profiles
+stock and ours one after the other on one device and writes that comparison too (kernel times compare only
+between profiles of one card: each file records the card's UUID).
 """
 from __future__ import annotations
 
 import datetime
+import io
 import json
 from pathlib import Path
 
@@ -51,7 +54,7 @@ def compare(base: dict, cand: dict) -> list[dict]:
     """Two `sk profile` documents side by side: per workload profiled in both (scenario rows matched by model and
     engine), per engine step in each, the busy time, idle gaps and kernels, each class's time, and each kernel of
     either's top list (None where a kernel is not among a document's top ones: it ran for less, or not at all);
-    `gpus`: the UUIDs of the cards each ran on (None where a file predates them)."""
+    `gpus`: the UUIDs of the cards each ran on ("cpu" on the CPU engine; None where a file predates them)."""
     def per_step(r: dict, us: float | None) -> float | None:
         return None if us is None else us / (r["steps"] or 1)
 
@@ -76,8 +79,7 @@ def compare(base: dict, cand: dict) -> list[dict]:
                        for name in dict.fromkeys([*b_top, *c_top])]
             kernels.sort(key=lambda k: -max(k["base_us"] or 0.0, k["cand_us"] or 0.0))
             found.append({"model": key[0], "engine": key[1], "workload": token, "steps": (b["steps"], c["steps"]),
-                          "gpus": (b_row.get("environment", {}).get("device_uuid"),
-                                   cand_rows[key].get("environment", {}).get("device_uuid")),
+                          "gpus": (device_id(b_row), device_id(cand_rows[key])),
                           "kernels_per_step": (b["kernels_per_step"], c["kernels_per_step"]),
                           "per_step_us": {name: (per_step(b, x), per_step(c, y)) for name, (x, y) in lines.items()},
                           "kernels": kernels})
@@ -87,12 +89,18 @@ def compare(base: dict, cand: dict) -> list[dict]:
     return found
 
 
+def device_id(row: dict) -> str | None:
+    """A scenario row's device: the card's UUID, "cpu", or None where the file does not record it."""
+    environment = row.get("environment", {})
+    return environment.get("device_uuid") or ("cpu" if environment.get("device") == "cpu" else None)
+
+
 def same_card(gpus: tuple[str | None, str | None]) -> str:
     """Whether a comparison's two profiles ran on one card, in words: kernel times compare only then."""
     if None in gpus:
         return "Which card each profile ran on is not recorded in both files."
     if gpus[0] == gpus[1]:
-        return "Both ran on one card."
+        return "Both ran on one device." if gpus[0] == "cpu" else "Both ran on one card."
     return (f"DIFFERENT CARDS ({gpus[0]} and {gpus[1]}): the times above mix the cards' difference with the "
             "variants' (two cards of one model can differ in a kernel's time by as much as a variant changes it); "
             "profile both variants on one card, as `sk eval` pairs them.")
@@ -179,11 +187,30 @@ def write_chart(document: dict, path: Path) -> Path | None:
 
 
 def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool, max_layers: int | None,
-        max_requests: int | None, console: Console, workloads: list[str] | None = None) -> None:
+        max_requests: int | None, console: Console, workloads: list[str] | None = None, both: bool = False) -> None:
     """`workloads`: tokens that replace every row's workloads (e.g. decode batches 1, 8, 64 and a prefill-heavy
-    one), validated as a row's are."""
+    one), validated as a row's are. `both`: stock, then ours, one after the other on this machine's device (kernel
+    times compare only on one card), each in its own folder under `out_dir` (stock/, sk/), then their comparison,
+    printed and written to `out_dir/STEM.compare.txt`."""
     loaded = scenarios.with_workloads(scenarios.load(scenario_file), workloads)
     scenarios.check_fits(loaded, 1, scenario_file)
+    options = dict(enforce_eager=enforce_eager, max_layers=max_layers, max_requests=max_requests, console=console)
+    if not both:
+        profile_variant(scenario_file, loaded, out_dir, with_sk=with_sk, **options)
+        return
+    paths = [profile_variant(scenario_file, loaded, out_dir / folder, with_sk=sk_on, **options)
+             for folder, sk_on in (("stock", False), ("sk", True))]
+    recorder = Console(width=max(console.width, 160), record=True, file=io.StringIO())
+    for target in (console, recorder):
+        run_compare(*map(str, paths), target)
+    compare_path = out_dir / f"{Path(scenario_file).stem}.compare.txt"
+    compare_path.write_text(f"$ sk profile --compare {paths[0]} {paths[1]}\n" + recorder.export_text())
+    console.print(f"comparison: {compare_path}")
+
+
+def profile_variant(scenario_file: str, loaded: list[scenarios.Scenario], out_dir: Path, *, with_sk: bool,
+                    enforce_eager: bool, max_layers: int | None, max_requests: int | None, console: Console) -> Path:
+    """One variant's profile of every scenario row: its JSON (returned), PNG and traces under `out_dir`."""
     stem = Path(scenario_file).stem
     variant = "standardkernels adapter" if with_sk else "stock"
     results = []
@@ -218,3 +245,4 @@ def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool
     chart = write_chart(document, out_dir / f"{stem}.profile.png")
     console.print(f"results: {json_path}" + (f", {chart}" if chart else " (no PNG: matplotlib is not installed)")
                   + f"; each batch's kernels (Chrome traces, Perfetto opens them): {out_dir / 'traces'}/")
+    return json_path
