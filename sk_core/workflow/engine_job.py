@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -95,8 +96,9 @@ def device_identity() -> dict:
 
     if not torch.cuda.is_available():
         return {"device": "cpu"}
-    uuid = getattr(torch.cuda.get_device_properties(0), "uuid", None)
-    return {"device": torch.cuda.get_device_name(0), **({"device_uuid": str(uuid)} if uuid is not None else {})}
+    uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", ""))
+    known = re.fullmatch(r"(GPU-)?[0-9a-fA-F-]{32,36}", uuid)  # not an object's repr from another torch build
+    return {"device": torch.cuda.get_device_name(0), **({"device_uuid": uuid} if known else {})}
 
 
 def memory_args(scenario: Scenario, slot: int, engines: int) -> dict:

@@ -113,3 +113,28 @@ def test_a_reset_never_done_is_an_error_naming_the_call(monkeypatch):
     with pytest.raises(RuntimeError, match=r"SGLang's flush_cache\(\) did not succeed .* still holds requests"):
         engine.reset_prefix_cache()
     assert engine.engine.calls == engine_job.RESET_TRIES
+
+
+@pytest.mark.parametrize("uuid, recorded", [
+    ("58e1b8a2-1c3d-4e5f-8a9b-0c1d2e3f4a5b", True), ("GPU-58e1b8a2-1c3d-4e5f-8a9b-0c1d2e3f4a5b", True),
+    ("<torch._C._CUuuid object at 0x7f3a2c>", False), (None, False)])
+def test_a_run_records_the_card_it_measured(monkeypatch, uuid, recorded):
+    import types
+
+    import torch
+
+    # The card's UUID where torch gives one (sk profile --compare tells two cards apart by it); never an object's
+    # repr, which differs from process to process on one card.
+    properties = types.SimpleNamespace(**({"uuid": uuid} if uuid else {}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
+    expected = {"device": "NVIDIA H100 80GB HBM3"} | ({"device_uuid": uuid} if recorded else {})
+    assert engine_job.device_identity() == expected
+
+
+def test_a_cpu_run_records_the_cpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert engine_job.device_identity() == {"device": "cpu"}
