@@ -95,11 +95,16 @@ def device_id(row: dict) -> str | None:
     return environment.get("device_uuid") or ("cpu" if environment.get("device") == "cpu" else None)
 
 
+def different_cards(gpus: tuple[str | None, str | None]) -> bool:
+    """Both profiles' cards are recorded, and they differ."""
+    return None not in gpus and gpus[0] != gpus[1]
+
+
 def same_card(gpus: tuple[str | None, str | None]) -> str:
     """Whether a comparison's two profiles ran on one card, in words: kernel times compare only then."""
     if None in gpus:
         return "Which card each profile ran on is not recorded in both files."
-    if gpus[0] == gpus[1]:
+    if not different_cards(gpus):
         return "Both ran on one device." if gpus[0] == "cpu" else "Both ran on one card."
     return (f"DIFFERENT CARDS ({gpus[0]} and {gpus[1]}): the times above mix the cards' difference with the "
             "variants' (two cards of one model can differ in a kernel's time by as much as a variant changes it); "
@@ -135,7 +140,8 @@ def compare_tables(rows: list[dict], base_label: str, cand_label: str) -> list[T
     return tables
 
 
-def run_compare(base_file: str, cand_file: str, console: Console) -> None:
+def run_compare(base_file: str, cand_file: str, console: Console, *also: Console) -> None:
+    """The two files' comparison, printed to `console` and to each of `also` (read and compared once)."""
     documents = []
     for path in (base_file, cand_file):
         try:
@@ -149,11 +155,13 @@ def run_compare(base_file: str, cand_file: str, console: Console) -> None:
     if labels[0] == labels[1]:
         labels = ["base", "candidate"]
     rows = compare(*documents)
-    for table in compare_tables(rows, *labels):
-        console.print(table)
-    if any(None not in r["gpus"] and r["gpus"][0] != r["gpus"][1] for r in rows):
-        console.print("[yellow]sk profile --compare: the two profiles ran on different cards; their kernel times "
-                      "do not compare (see the tables' notes)")
+    tables = compare_tables(rows, *labels)
+    for target in (console, *also):
+        for table in tables:
+            target.print(table)
+        if any(different_cards(r["gpus"]) for r in rows):
+            target.print("[yellow]sk profile --compare: the two profiles ran on different cards; their kernel "
+                         "times do not compare (see the tables' notes)")
 
 
 def write_chart(document: dict, path: Path) -> Path | None:
@@ -201,8 +209,7 @@ def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool
     paths = [profile_variant(scenario_file, loaded, out_dir / folder, with_sk=sk_on, **options)
              for folder, sk_on in (("stock", False), ("sk", True))]
     recorder = Console(width=max(console.width, 160), record=True, file=io.StringIO())
-    for target in (console, recorder):
-        run_compare(*map(str, paths), target)
+    run_compare(*map(str, paths), console, recorder)
     compare_path = out_dir / f"{Path(scenario_file).stem}.compare.txt"
     compare_path.write_text(f"$ sk profile --compare {paths[0]} {paths[1]}\n" + recorder.export_text())
     console.print(f"comparison: {compare_path}")
