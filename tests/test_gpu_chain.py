@@ -102,3 +102,26 @@ def test_the_committed_plans_name_only_steps_the_scripts_know():
                     f"{plan.name}: {step} is not a step of ci/gpu/engines.sh"
             if step.startswith(("selftest-", "pair-", "profile-")):
                 assert (ROOT / "scenarios" / f"h200-{step.split('-', 1)[1]}.yaml").is_file(), f"{plan.name}: {step}"
+
+
+def test_slim_takes_out_only_the_results_no_step_reads_and_unslim_brings_back_only_those(tmp_path):
+    # The device tool carries the working tree and one staged part, 64 MiB in all: slim makes room; unslim must
+    # not undo edits made in between (a results summary written while the chain runs).
+    tree = make_tree(tmp_path)
+    results = tree / "results" / "a"
+    files = {"README.md": "summary\n", "x/trace.json.gz": "t", "x/run.tgz": "a", "x/chart.png": "p",
+             "x/data.json": "{}"}
+    for name, text in files.items():
+        (results / name).parent.mkdir(parents=True, exist_ok=True)
+        (results / name).write_text(text)
+    git = dict(cwd=tree, check=True, capture_output=True)
+    subprocess.run(["git", "init", "-q"], **git)
+    subprocess.run(["git", "add", "results"], **git)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "r"], **git)
+    assert chain(tree, tmp_path / "chain", "slim").returncode == 0
+    assert sorted(n for n in files if (results / n).exists()) == ["README.md", "x/data.json"]
+    (results / "README.md").write_text("summary, edited\n")
+    done = chain(tree, tmp_path / "chain", "unslim")
+    assert done.returncode == 0 and "0 files still missing" in done.stdout
+    assert all((results / n).exists() for n in files)
+    assert (results / "README.md").read_text() == "summary, edited\n"

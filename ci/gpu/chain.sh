@@ -11,6 +11,10 @@
 #   bash ci/gpu/chain.sh poll WAIT PATTERN   waits up to WAIT s for PATTERN in the progress, copies the finished
 #                                            steps' archives into $OUT; exit 3 at once on a bare host (the chain
 #                                            is gone: do not wait)
+#   bash ci/gpu/chain.sh slim | unslim       on THIS machine, before the first call / after the last: removes
+#                                            from the working tree the tracked result files no GPU step reads
+#                                            (traces, archives, PNGs under results/), so that the tree and one
+#                                            staged part fit a call's 64 MiB; unslim restores them from git
 #
 # PLAN: one step a line, "VAR=value ... STEP". STEP is `gpu:STEP` (a step of ci/gpu/run.sh, which needs no
 # engine: tests, training-tests, training-bench, bench, ...) or a step of ci/gpu/engines.sh (the engines are
@@ -91,5 +95,11 @@ case ${1:-} in
     cat "$W/progress"; echo "-- not begun:"; cat "$W/plan"
     [ -n "${OUT:-}" ] && for f in "$W"/res/*; do [ -f "$f" ] && cp "$f" "$OUT/"; done
     exit 0 ;;
-  *) sed -n '2,20p' "$0"; exit 2 ;;
+  slim)
+    cd "$(dirname "$0")/../.." && git ls-files -z results | grep -zE '(trace\.json\.gz|\.tgz|\.png)$' | xargs -0 rm -f
+    echo "results' traces, archives and PNGs removed from the working tree until 'chain.sh unslim'" ;;
+  unslim)  # only what slim removed: edits to other files under results/ stay
+    cd "$(dirname "$0")/../.." && git ls-files -z --deleted results | xargs -0 -r git checkout -- \
+      && echo "$(git ls-files --deleted results | wc -l) files still missing under results/" ;;
+  *) sed -n '2,24p' "$0"; exit 2 ;;
 esac

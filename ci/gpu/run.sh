@@ -16,8 +16,8 @@
 # compiled, vLLM's math against ours inside;
 # "decoder-chain": decoder layers without attention under Inductor, our norm/activation kernels inside or not
 # (SK_CHAIN_SHAPE, default qwen3-8b); "norm-pdl": our RMSNorm as dependent launches against plain stream order,
-# chained in graphs (with the engines installed, ci/gpu/engines.sh bench-norm-pdl adds their norms); "geglu-paths": the GEGLU op on the paths a user
-# takes, seed/decode/prefill shapes,
+# chained in graphs (with the engines installed, ci/gpu/engines.sh bench-norm-pdl adds their norms);
+# "geglu-paths": the GEGLU op on the paths a user takes, seed/decode/prefill shapes,
 # inference only; "gated-mlp": benchmarks/bench_gated_mlp.py at the engines' shapes with the peers importable here,
 # each implementation's kernels timed too (with the engines installed, ci/gpu/engines.sh bench-gated-mlp adds
 # vLLM's and SGLang's sequences); three shapes at 1-2048 rows unless SK_GATED_MLP_SHAPES ("all" or names) and
