@@ -175,7 +175,7 @@ def cmd_profile(args) -> int:
         raise WorkflowError("sk profile --both profiles stock and then ours: drop --sk")
     profile.run(args.scenario, Path(args.out), with_sk=args.sk, enforce_eager=args.enforce_eager,
                 max_layers=args.max_layers, max_requests=args.max_requests, console=console,
-                workloads=_tokens(args.workloads), both=args.both)
+                workloads=_tokens(args.workloads), both=args.both, side_by_side=args.side_by_side)
     return 0
 
 
@@ -296,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     profile.add_argument("--both", action="store_true",
                          help="profile the stock engine, then ours, on this device (OUT/stock/, OUT/sk/), and "
                               "compare them (OUT/SCENARIO.compare.txt)")
+    profile.add_argument("--side-by-side", action="store_true",
+                         help="with --both: start both engines first, each with its share of the device as `sk "
+                              "eval` pairs them, and profile one while the other idles")
     profile.add_argument("--enforce-eager", action="store_true", help="no compilation or CUDA graphs")
     profile.add_argument("--out", type=output_dir, default="results/profile", help="folder for the JSON and PNG")
     _workloads_option(profile)

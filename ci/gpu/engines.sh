@@ -31,8 +31,9 @@
 #                           launches and in stream order, sgl_kernel's with and without its PDL, vLLM's _C, chained
 #                           in CUDA graphs
 #   profile-MODEL-ENGINE    sk profile on it, stock (SK_PROFILE_SK=1: with our adapter, --sk; SK_PROFILE_SK=both:
-#                           stock then ours on this card and their comparison, --both): decode batch 1, 8, 64 and
-#                           the 1024/128 throughput batch
+#                           stock then ours on this card and their comparison, --both; SK_PROFILE_SK=side-by-side:
+#                           the same with both engines up at once as a pair runs them, --both --side-by-side):
+#                           decode batch 1, 8, 64 and the 1024/128 throughput batch
 #                           ($SK_EVAL_WORKLOADS, comma-separated, replaces the workloads of selftest-, pair- and
 #                           profile-;
 #                           SK_EVAL_CROSSED=1 adds --crossed: both start orders, the rounds pooled;
@@ -114,7 +115,9 @@ case $step in
           workloads=LLM.decode_batch_1,LLM.decode_batch_8,LLM.decode_batch_64,LLM.throughput
           command=(python3 -m sk.cli profile "$PWD/scenarios/h200-${step#profile-}.yaml" --out "$work"
                    --workloads "${SK_EVAL_WORKLOADS:-$workloads}")
-          case ${SK_PROFILE_SK:-0} in 1) command+=(--sk) ;; both) command+=(--both) ;; esac ;;
+          case ${SK_PROFILE_SK:-0} in
+            1) command+=(--sk) ;; both) command+=(--both) ;; side-by-side) command+=(--both --side-by-side) ;;
+          esac ;;
   *)      echo "unknown step $step" >&2; exit 2 ;;
 esac
 # Stopped in time for the archive to be written within the device tool's 10 minutes.

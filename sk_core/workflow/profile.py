@@ -8,10 +8,12 @@ and share per class, the sum of idle gaps between kernels, kernels per engine st
 stacked-bar PNG beside it. `sk profile --compare BASE.json CAND.json` sets two such files side by side (before
 and after: which kernels went away, what each step spends now), per engine step; `sk profile --both` profiles
 stock and ours one after the other on one device and writes that comparison too (kernel times compare only
-between profiles of one card: each file records the card's UUID).
+between profiles of one card: each file records the card's UUID); `--both --side-by-side` starts both engines
+first, each with its share of the device as `sk eval` pairs them, and profiles one while the other idles.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import json
@@ -195,19 +197,53 @@ def write_chart(document: dict, path: Path) -> Path | None:
 
 
 def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool, max_layers: int | None,
-        max_requests: int | None, console: Console, workloads: list[str] | None = None, both: bool = False) -> None:
+        max_requests: int | None, console: Console, workloads: list[str] | None = None, both: bool = False,
+        side_by_side: bool = False) -> None:
     """`workloads`: tokens that replace every row's workloads (e.g. decode batches 1, 8, 64 and a prefill-heavy
-    one), validated as a row's are. `both`: stock, then ours, one after the other on this machine's device (kernel
-    times compare only on one card), each in its own folder under `out_dir` (stock/, sk/), then their comparison,
-    printed and written to `out_dir/STEM.compare.txt`."""
+    one), validated as a row's are. `both`: stock, then ours, on this machine's device (kernel times compare only
+    on one card), each in its own folder under `out_dir` (stock/, sk/), then their comparison, printed and written
+    to `out_dir/STEM.compare.txt`: one after the other, or with `side_by_side` both engines up at once, each with
+    its share of the device as `sk eval` runs a pair, profiled in turn."""
+    if side_by_side and not both:
+        raise WorkflowError("sk profile --side-by-side starts the stock engine and ours together: add --both")
     loaded = scenarios.with_workloads(scenarios.load(scenario_file), workloads)
-    scenarios.check_fits(loaded, 1, scenario_file)
-    options = dict(enforce_eager=enforce_eager, max_layers=max_layers, max_requests=max_requests, console=console)
+    scenarios.check_fits(loaded, 2 if side_by_side else 1, scenario_file)
+    options = dict(enforce_eager=enforce_eager, max_layers=max_layers, max_requests=max_requests)
+    variants = (("stock", False), ("sk", True))
     if not both:
-        profile_variant(scenario_file, loaded, out_dir, with_sk=with_sk, **options)
+        results = [_profile_rows(scenario_file, scenario, out_dir, with_sk, console, **options)
+                   for scenario in loaded]
+        _write_variant(scenario_file, out_dir, with_sk, results, options, console)
         return
-    paths = [profile_variant(scenario_file, loaded, out_dir / folder, with_sk=sk_on, **options)
-             for folder, sk_on in (("stock", False), ("sk", True))]
+    if side_by_side:
+        per_variant = {folder: [] for folder, _ in variants}
+        for scenario in loaded:
+            # As `sk eval` starts a pair: one after the other where each engine sizes its memory from what is free
+            # once the other is up; together where the KV cache size is explicit (vLLM's CPU engine).
+            together = scenario.kv_cache_memory_bytes is not None
+            with progress_bars() as progress, contextlib.ExitStack() as stack:
+                engines = {}
+                for slot, (folder, sk_on) in enumerate(variants):
+                    engines[folder] = stack.enter_context(_engine(scenario_file, scenario, out_dir / folder, sk_on,
+                                                                  progress, slot=slot, engines=2, **options))
+                    if not together:
+                        engines[folder].wait_ready()
+                if together:
+                    for engine in engines.values():
+                        engine.wait_ready()
+                rows = {folder: _profile_engine(engines[folder], scenario_file, scenario, out_dir / folder)
+                        for folder, _ in variants}
+            for folder, sk_on in variants:
+                per_variant[folder].append(_shown(rows[folder], scenario, sk_on, console))
+        paths = [_write_variant(scenario_file, out_dir / folder, sk_on, per_variant[folder],
+                                options | {"side_by_side": True}, console)
+                 for folder, sk_on in variants]
+    else:
+        paths = []
+        for folder, sk_on in variants:
+            results = [_profile_rows(scenario_file, scenario, out_dir / folder, sk_on, console, **options)
+                       for scenario in loaded]
+            paths.append(_write_variant(scenario_file, out_dir / folder, sk_on, results, options, console))
     recorder = Console(width=max(console.width, 160), record=True, file=io.StringIO())
     run_compare(*map(str, paths), console, recorder)
     compare_path = out_dir / f"{Path(scenario_file).stem}.compare.txt"
@@ -215,38 +251,64 @@ def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool
     console.print(f"comparison: {compare_path}")
 
 
-def profile_variant(scenario_file: str, loaded: list[scenarios.Scenario], out_dir: Path, *, with_sk: bool,
-                    enforce_eager: bool, max_layers: int | None, max_requests: int | None, console: Console) -> Path:
-    """One variant's profile of every scenario row: its JSON (returned), PNG and traces under `out_dir`."""
+def _variant_label(with_sk: bool) -> str:
+    return "standardkernels adapter" if with_sk else "stock"
+
+
+def _engine(scenario_file: str, scenario: scenarios.Scenario, out_dir: Path, with_sk: bool, progress, *,
+            enforce_eager: bool, max_layers: int | None, max_requests: int | None, slot: int = 0,
+            engines: int = 1) -> EngineProcess:
+    """One scenario row's engine in profile mode (stock, or ours with `with_sk`), `slot` of `engines` sharing the
+    device (a context manager: ended on exit)."""
     stem = Path(scenario_file).stem
-    variant = "standardkernels adapter" if with_sk else "stock"
-    results = []
-    for scenario in loaded:
-        env = {settings.env_name("adapters"): scenario.engine} if with_sk else {}
-        with progress_bars() as progress, EngineProcess(
-                scenario, label=f"profile {scenario.model}", env=env, progress=progress, mode="profile",
-                enforce_eager=enforce_eager, max_layers=max_layers, max_requests=max_requests,
-                log_path=out_dir / "logs" / f"{stem}.{scenario.slug}.profile.log") as engine:
-            engine.wait_ready()
-            workloads = {}
-            for token in scenario.workloads:
-                engine.call("batch", description=f"{token} warm-up", workload=token)
-                trace = out_dir / "traces" / f"{stem}.{scenario.slug}.{token}.rank{{rank}}.trace.json.gz"
-                workloads[token] = engine.call("profile", description=f"{token} profiled", workload=token,
-                                               keep=str(trace.resolve()))
-                workloads[token]["trace"] = rank_path(str(trace), 0)
-            environment = engine.call("info")["environment"]
-        result = {"scenario": scenario.model_dump(), "environment": environment, "workloads": workloads}
-        console.print(profile_table(scenario, variant, workloads))
-        console.print(f"[dim]{environment}")
-        if environment["device"] == "cpu":
-            console.print("[yellow]CPU engine: these are CPU ops' times, not GPU kernels'; the classes are the same.")
-        results.append(result)
+    env = {settings.env_name("adapters"): scenario.engine} if with_sk else {}
+    return EngineProcess(
+        scenario, label=f"profile {scenario.model} ({_variant_label(with_sk)})", env=env, progress=progress,
+        mode="profile", enforce_eager=enforce_eager, max_layers=max_layers, max_requests=max_requests, slot=slot,
+        engines=engines, log_path=out_dir / "logs" / f"{stem}.{scenario.slug}.profile.log")
+
+
+def _profile_rows(scenario_file: str, scenario: scenarios.Scenario, out_dir: Path, with_sk: bool, console: Console,
+                  **options) -> dict:
+    """One scenario row profiled by an engine of its own, alone on the device."""
+    with progress_bars() as progress, _engine(scenario_file, scenario, out_dir, with_sk, progress, **options) as engine:
+        engine.wait_ready()
+        row = _profile_engine(engine, scenario_file, scenario, out_dir)
+    return _shown(row, scenario, with_sk, console)
+
+
+def _profile_engine(engine: EngineProcess, scenario_file: str, scenario: scenarios.Scenario, out_dir: Path) -> dict:
+    """Each workload of the row on a started engine: a warm-up batch, then one profiled; its traces under
+    `out_dir`. Returns the row's result (scenario, environment, workloads)."""
+    stem = Path(scenario_file).stem
+    workloads = {}
+    for token in scenario.workloads:
+        engine.call("batch", description=f"{token} warm-up", workload=token)
+        trace = out_dir / "traces" / f"{stem}.{scenario.slug}.{token}.rank{{rank}}.trace.json.gz"
+        workloads[token] = engine.call("profile", description=f"{token} profiled", workload=token,
+                                       keep=str(trace.resolve()))
+        workloads[token]["trace"] = rank_path(str(trace), 0)
+    environment = engine.call("info")["environment"]
+    return {"scenario": scenario.model_dump(), "environment": environment, "workloads": workloads}
+
+
+def _shown(row: dict, scenario: scenarios.Scenario, with_sk: bool, console: Console) -> dict:
+    """Prints a profiled row's table (once its engine is closed) and returns the row."""
+    console.print(profile_table(scenario, _variant_label(with_sk), row["workloads"]))
+    console.print(f"[dim]{row['environment']}")
+    if row["environment"]["device"] == "cpu":
+        console.print("[yellow]CPU engine: these are CPU ops' times, not GPU kernels'; the classes are the same.")
+    return row
+
+
+def _write_variant(scenario_file: str, out_dir: Path, with_sk: bool, results: list[dict], options: dict,
+                   console: Console) -> Path:
+    """One variant's profile document (returned), with its PNG, under `out_dir`."""
+    stem = Path(scenario_file).stem
     out_dir.mkdir(parents=True, exist_ok=True)
     document = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "scenario_file": str(scenario_file), "variant": variant,
-                "settings": {"enforce_eager": enforce_eager, "max_layers": max_layers, "max_requests": max_requests},
-                "scenarios": results}
+                "scenario_file": str(scenario_file), "variant": _variant_label(with_sk),
+                "settings": dict(options), "scenarios": results}
     json_path = out_dir / f"{stem}.profile.json"
     json_path.write_text(json.dumps(document, indent=1) + "\n")
     chart = write_chart(document, out_dir / f"{stem}.profile.png")

@@ -112,6 +112,8 @@ CASES = [  # (argv, what the message says); {in}: the bad inputs, {out}: a folde
     (["profile"], "sk profile needs a scenario YAML (or --compare BASE.json CANDIDATE.json)"),
     (["profile", GOOD_SCENARIO, "--both", "--sk", "--out", "{out}"],
      "sk profile --both profiles stock and then ours: drop --sk"),
+    (["profile", GOOD_SCENARIO, "--side-by-side", "--out", "{out}"],
+     "sk profile --side-by-side starts the stock engine and ours together: add --both"),
     (["profile", GOOD_SCENARIO, "--compare", "{in}/empty.yaml", "{in}/empty.yaml"],
      "sk profile --compare reads two profiles and runs nothing: drop the scenario"),
     (["profile", "--compare", "{in}/a_file", "{in}/a_file"], "sk profile --compare: cannot read {in}/a_file as JSON"),

@@ -138,23 +138,26 @@ def test_self_test_pairs_the_stock_engine_with_itself_on_the_trained_model(runs,
     assert result["scenarios"][0]["environment"]["device"] == "cpu"  # CPU timings: the interval is not asserted
 
 
-def test_profile_both_tabulates_each_batch_keeps_its_trace_and_compares_on_one_device(runs):
+@pytest.mark.parametrize("side_by_side", [False, True], ids=["one-after-the-other", "side-by-side"])
+def test_profile_both_tabulates_each_batch_keeps_its_trace_and_compares_on_one_device(runs, side_by_side):
     from sk.workflow.kernel_profile import load_trace, summarize_trace
 
     work = runs[0]
+    out = "prof-side" if side_by_side else "prof"
     result = sk("profile", "tiny.yaml", *LIMITS, "--workloads", "LLM.single_request", "--enforce-eager", "--both",
-                "--out", "prof", cwd=work)
+                *(["--side-by-side"] if side_by_side else []), "--out", out, cwd=work)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "WHERE THE TIME GOES" in result.stdout and "CPU engine" in result.stdout
     for folder, variant in (("stock", "stock"), ("sk", "standardkernels adapter")):
-        document = json.loads((work / "prof" / folder / "tiny.profile.json").read_text())
+        document = json.loads((work / out / folder / "tiny.profile.json").read_text())
         assert document["variant"] == variant
+        assert document["settings"].get("side_by_side", False) is side_by_side
         row = document["scenarios"][0]["workloads"]["LLM.single_request"]
         assert row["device"] == "cpu" and row["kernels"] > 0 and row["busy_us"] > 0
         trace = work / row["trace"]
         assert trace.name.endswith(".rank0.trace.json.gz") and trace.is_file() and f"/{folder}/" in str(trace)
         again = summarize_trace(load_trace(trace), steps=row["steps"], device=row["device"])
         assert again["kernels"] == row["kernels"] and again["classes"] == row["classes"]
-    compared = " ".join((work / "prof" / "tiny.compare.txt").read_text().split())
+    compared = " ".join((work / out / "tiny.compare.txt").read_text().split())
     assert compared.startswith("$ sk profile --compare ") and "PER ENGINE STEP" in compared
     assert "Both ran on one device." in compared and "Both ran on one device." in " ".join(result.stdout.split())
