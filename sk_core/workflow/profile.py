@@ -211,7 +211,7 @@ def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool
     options = dict(enforce_eager=enforce_eager, max_layers=max_layers, max_requests=max_requests)
     variants = (("stock", False), ("sk", True))
     if not both:
-        results = [_profile_rows(scenario_file, scenario, out_dir, with_sk, console, **options)
+        results = [_profile_row(scenario_file, scenario, out_dir, with_sk, console, **options)
                    for scenario in loaded]
         _write_variant(scenario_file, out_dir, with_sk, results, options, console)
         return
@@ -241,7 +241,7 @@ def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool
     else:
         paths = []
         for folder, sk_on in variants:
-            results = [_profile_rows(scenario_file, scenario, out_dir / folder, sk_on, console, **options)
+            results = [_profile_row(scenario_file, scenario, out_dir / folder, sk_on, console, **options)
                        for scenario in loaded]
             paths.append(_write_variant(scenario_file, out_dir / folder, sk_on, results, options, console))
     recorder = Console(width=max(console.width, 160), record=True, file=io.StringIO())
@@ -268,7 +268,7 @@ def _engine(scenario_file: str, scenario: scenarios.Scenario, out_dir: Path, wit
         engines=engines, log_path=out_dir / "logs" / f"{stem}.{scenario.slug}.profile.log")
 
 
-def _profile_rows(scenario_file: str, scenario: scenarios.Scenario, out_dir: Path, with_sk: bool, console: Console,
+def _profile_row(scenario_file: str, scenario: scenarios.Scenario, out_dir: Path, with_sk: bool, console: Console,
                   **options) -> dict:
     """One scenario row profiled by an engine of its own, alone on the device."""
     with progress_bars() as progress, _engine(scenario_file, scenario, out_dir, with_sk, progress, **options) as engine:
