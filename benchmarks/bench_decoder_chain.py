@@ -13,7 +13,9 @@ runs the norms and the activation:
   sk norms, stream order  the same launched without PDL (`SK_NORM_PDL=0`)
   sk activation         our SiLU-and-mul
   sk norms + activation both (our adapter with SK_FUSED_MLP=0)
-  sk fused block        the post-attention norm + MLP as one `sk.ops.fused_gated_mlp` (our adapter's default)
+  sk fused block        the post-attention norm + MLP as one `sk.ops.fused_gated_mlp`, Inductor's input norm (our
+                        adapter with SK_NORM_ACT_LAYERS=0)
+  sk fused block + norm the same with our input norm (our adapter's default)
 
 Per variant: µs per chain inside a CUDA graph (medians of interleaved replays, `sk.bench.timing.side_by_side_us`),
 and the GPU time of the graph's kernels by class (torch.profiler over replays): GEMM, norm/activation, other.
@@ -39,7 +41,10 @@ from sk.ops.rms_norm import fused_add_rms_norm_reference
 EPS = 1e-6
 # d_model, QKV width, d_ff
 SHAPES = {"qwen3-8b": (4096, 6144, 12288), "llama3-8b": (4096, 6144, 14336), "llama3.2-1b": (2048, 3072, 8192)}
-GEMM = re.compile(r"nvjet|gemm|cutlass|xmma|splitK|sm90_", re.I)
+# Kernel classes by name: cuBLAS's GEMMs and our fused gated-MLP kernels (gate/up with the activation, down);
+# norms by their ops' names, ours or Inductor's (named after the aten ops it fused: ..._rsqrt_...).
+GEMM = re.compile(r"nvjet|gemm|cutlass|xmma|splitK|sm90_|_gate_up_kernel|_down_kernel", re.I)
+NORM_ACT = re.compile(r"norm|rsqrt|silu|act_and_mul|rms", re.I)
 
 
 def _norm_torch(x, r, w):
@@ -77,6 +82,7 @@ VARIANTS = {  # name -> (norm, activation, fused block, SK_NORM_PDL)
     "sk activation": (_norm_torch, sk.ops.silu_and_mul, False, True),
     "sk norms + activation": (_norm_sk, sk.ops.silu_and_mul, False, True),
     "sk fused block": (_norm_torch, _act_torch, True, True),
+    "sk fused block + norm": (_norm_sk, _act_torch, True, True),
 }
 
 
@@ -94,7 +100,7 @@ def kernel_classes(graph: torch.cuda.CUDAGraph, replays: int) -> dict:
             continue
         us = e.device_time_total / replays
         kind = ("gemm" if GEMM.search(e.key) else
-                "norm/activation" if re.search(r"norm|silu|act_and_mul|rms", e.key, re.I) else "other")
+                "norm/activation" if NORM_ACT.search(e.key) else "other")
         classes[kind] += us
         kernels[e.key] = {"us": us, "launches": e.count / replays, "class": kind}
     top = dict(sorted(kernels.items(), key=lambda kv: -kv[1]["us"])[:12])
@@ -130,6 +136,10 @@ def main() -> None:
             x, r = x0.clone(), r0.clone()
 
             def run():
+                # Fresh inputs every call (captured into the graph): the in-place norms would otherwise feed each
+                # replay the last one's outputs.
+                x.copy_(x0)
+                r.copy_(r0)
                 with sk.settings.override(norm_pdl=pdl) if not pdl else contextlib.nullcontext():
                     return compiled[name](x, r, layers)
             return run
@@ -137,8 +147,13 @@ def main() -> None:
         fns = {name: call(name) for name in VARIANTS}
         reference = fns["inductor"]()[0].double()
         agree = {}
-        for name, fn in fns.items():
-            got = fn()[0].double()
+        for name, fn in list(fns.items()):
+            try:
+                got = fn()[0].double()
+            except Exception as e:  # reported, and left out of the timing
+                errors[f"{name} m={m}"] = repr(e)
+                del fns[name]
+                continue
             agree[name] = float((got - reference).norm() / reference.norm())
         times = side_by_side_us(fns, calls_per_replay=2, on_error=lambda n, e: errors.setdefault(f"{n} m={m}",
                                                                                                  repr(e)))

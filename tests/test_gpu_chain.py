@@ -121,7 +121,10 @@ def test_slim_takes_out_only_the_results_no_step_reads_and_unslim_brings_back_on
     assert chain(tree, tmp_path / "chain", "slim").returncode == 0
     assert sorted(n for n in files if (results / n).exists()) == ["README.md", "x/data.json"]
     (results / "README.md").write_text("summary, edited\n")
+    (results / "x/data.json").unlink()  # removed by hand, not by slim: stays removed
     done = chain(tree, tmp_path / "chain", "unslim")
     assert done.returncode == 0 and "0 files still missing" in done.stdout
-    assert all((results / n).exists() for n in files)
+    assert sorted(n for n in files if (results / n).exists()) == sorted(set(files) - {"x/data.json"})
     assert (results / "README.md").read_text() == "summary, edited\n"
+    done = chain(tree, tmp_path / "chain", "unslim")  # nothing left to bring back
+    assert done.returncode == 0 and "0 files still missing" in done.stdout

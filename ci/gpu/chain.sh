@@ -23,6 +23,8 @@
 set -uo pipefail
 W=${SK_CHAIN_DIR:-/tmp/sk-chain}
 log() { echo "$(date -u +%T) $*" >> "$W/progress"; }
+# What `slim` takes out of the working tree (tracked files under results/ that no GPU step reads).
+SLIM='(trace\.json\.gz|\.tgz|\.png)$'
 
 run_chain() {
   cd "$W/tree" || exit 1
@@ -96,10 +98,11 @@ case ${1:-} in
     [ -n "${OUT:-}" ] && for f in "$W"/res/*; do [ -f "$f" ] && cp "$f" "$OUT/"; done
     exit 0 ;;
   slim)
-    cd "$(dirname "$0")/../.." && git ls-files -z results | grep -zE '(trace\.json\.gz|\.tgz|\.png)$' | xargs -0 rm -f
+    cd "$(dirname "$0")/../.." && git ls-files -z results | { grep -zE "$SLIM" || true; } | xargs -0 -r rm -f
     echo "results' traces, archives and PNGs removed from the working tree until 'chain.sh unslim'" ;;
   unslim)  # only what slim removed: edits to other files under results/ stay
-    cd "$(dirname "$0")/../.." && git ls-files -z --deleted results | xargs -0 -r git checkout -- \
-      && echo "$(git ls-files --deleted results | wc -l) files still missing under results/" ;;
+    cd "$(dirname "$0")/../.." \
+      && git ls-files -z --deleted results | { grep -zE "$SLIM" || true; } | xargs -0 -r git checkout -- \
+      && echo "$(git ls-files --deleted results | grep -cE "$SLIM") files still missing under results/" ;;
   *) sed -n '2,24p' "$0"; exit 2 ;;
 esac
