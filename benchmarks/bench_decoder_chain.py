@@ -25,7 +25,6 @@ and the GPU time of the graph's kernels by class (torch.profiler over replays): 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import pathlib
 import re
@@ -140,7 +139,7 @@ def main() -> None:
                 # replay the last one's outputs.
                 x.copy_(x0)
                 r.copy_(r0)
-                with sk.settings.override(norm_pdl=pdl) if not pdl else contextlib.nullcontext():
+                with sk.settings.override(norm_pdl=pdl):
                     return compiled[name](x, r, layers)
             return run
 

@@ -6,6 +6,7 @@ it strict, write reports or load candidates are removed from the child's environ
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -14,6 +15,7 @@ import tempfile
 import threading
 from collections import deque
 from pathlib import Path
+from typing import Callable
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -139,3 +141,21 @@ def run_engine_job(scenario: Scenario, *, label: str, env: dict[str, str], log_p
             engine.call("match", description=token, workload=token)
             workloads[token] = {"operators": engine.call("capture")}
         return {"environment": engine.call("info")["environment"], "workloads": workloads}
+
+
+def start_sharing(stack: contextlib.ExitStack, scenario: Scenario,
+                  starts: list[Callable[[int], EngineProcess]]) -> list[EngineProcess]:
+    """Engines that share one device, started in order (`starts[k](k)`: the k-th gets slot k) and entered into
+    `stack`, so that whatever started ends with it; returned ready. One after the other where each sizes its
+    memory from what is free once the previous one is up; together where the KV cache size is explicit (vLLM's
+    CPU engine)."""
+    together = scenario.kv_cache_memory_bytes is not None
+    engines = []
+    for slot, start in enumerate(starts):
+        engines.append(stack.enter_context(start(slot)))
+        if not together:
+            engines[-1].wait_ready()
+    if together:
+        for engine in engines:
+            engine.wait_ready()
+    return engines

@@ -17,6 +17,7 @@ a mismatch.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import json
@@ -31,7 +32,7 @@ from sk import settings
 from sk.reports import merge_reports, model_process_reports, read_reports
 from sk.workflow import paired, scenarios
 from sk.workflow.candidates import candidate_path, load_candidate
-from sk.workflow.engine_runner import EngineProcess, progress_bars
+from sk.workflow.engine_runner import EngineProcess, progress_bars, start_sharing
 from sk.workflow.errors import WorkflowError
 from sk.workflow.eval_chart import write_chart
 from sk.workflow.operators import OPERATORS
@@ -366,23 +367,16 @@ def _paired_runs(scenario: scenarios.Scenario, started: tuple[str, str], rounds:
     timings[token][variant]: per round {"elapsed_s", "output_tokens", "started_at", "start_order", "pair"},
     info[variant]). `pair_index`: this engine pair's place among the pairs the run starts."""
     order = paired.pairing_order(rounds, lead=started[0])  # the engine started first leads the rounds
-    engines: dict[str, EngineProcess] = {}
     greedy: dict[str, dict] = {}
     timings: dict[str, dict[str, list[dict]]] = {}
-    try:
-        # One after the other where each engine sizes its memory from what is free once the previous one is up;
-        # together where the KV cache size is explicit (vLLM's CPU engine).
-        together = scenario.kv_cache_memory_bytes is not None
-        for slot, variant in enumerate(started):
-            engines[variant] = EngineProcess(
-                scenario, label=f"{variant} {scenario.model}", env=envs[variant], progress=progress,
-                candidates=folders[variant], slot=slot, engines=2,
-                log_path=out_dir / "logs" / f"{stem}.{scenario.slug}.{variant}{log_suffix}.log", **run_settings)
-            if not together:
-                engines[variant].wait_ready()
-        if together:
-            for engine in engines.values():
-                engine.wait_ready()
+
+    def start(variant: str):
+        return lambda slot: EngineProcess(
+            scenario, label=f"{variant} {scenario.model}", env=envs[variant], progress=progress,
+            candidates=folders[variant], slot=slot, engines=len(started),
+            log_path=out_dir / "logs" / f"{stem}.{scenario.slug}.{variant}{log_suffix}.log", **run_settings)
+    with contextlib.ExitStack() as stack:
+        engines = dict(zip(started, start_sharing(stack, scenario, [start(v) for v in started])))
         for token in scenario.workloads:
             spec = resolve(token).spec
             if match:
@@ -400,9 +394,6 @@ def _paired_runs(scenario: scenarios.Scenario, started: tuple[str, str], rounds:
                                                   workload=token)
                     timings[token][variant].append(batch | {"start_order": _start_label(started), "pair": pair_index})
         info = {v: engines[v].call("info") for v in (paired.BASELINE, paired.CANDIDATE)}
-    finally:
-        for engine in engines.values():
-            engine.close()
     return greedy, timings, info
 
 

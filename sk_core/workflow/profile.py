@@ -24,7 +24,7 @@ from rich.table import Table
 
 from sk import settings
 from sk.workflow import scenarios
-from sk.workflow.engine_runner import EngineProcess, progress_bars
+from sk.workflow.engine_runner import EngineProcess, progress_bars, start_sharing
 from sk.workflow.errors import WorkflowError
 from sk.workflow.kernel_profile import CLASSES, rank_path
 
@@ -218,21 +218,13 @@ def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool
     if side_by_side:
         per_variant = {folder: [] for folder, _ in variants}
         for scenario in loaded:
-            # As `sk eval` starts a pair: one after the other where each engine sizes its memory from what is free
-            # once the other is up; together where the KV cache size is explicit (vLLM's CPU engine).
-            together = scenario.kv_cache_memory_bytes is not None
+            def start(folder: str, sk_on: bool):
+                return lambda slot: _engine(scenario_file, scenario, out_dir / folder, sk_on, progress, slot=slot,
+                                            engines=len(variants), **options)
             with progress_bars() as progress, contextlib.ExitStack() as stack:
-                engines = {}
-                for slot, (folder, sk_on) in enumerate(variants):
-                    engines[folder] = stack.enter_context(_engine(scenario_file, scenario, out_dir / folder, sk_on,
-                                                                  progress, slot=slot, engines=2, **options))
-                    if not together:
-                        engines[folder].wait_ready()
-                if together:
-                    for engine in engines.values():
-                        engine.wait_ready()
-                rows = {folder: _profile_engine(engines[folder], scenario_file, scenario, out_dir / folder)
-                        for folder, _ in variants}
+                engines = start_sharing(stack, scenario, [start(*variant) for variant in variants])
+                rows = {folder: _profile_engine(engine, scenario_file, scenario, out_dir / folder)
+                        for (folder, _), engine in zip(variants, engines)}
             for folder, sk_on in variants:
                 per_variant[folder].append(_shown(rows[folder], scenario, sk_on, console))
         paths = [_write_variant(scenario_file, out_dir / folder, sk_on, per_variant[folder],

@@ -242,6 +242,12 @@ class _FakeEngine:
     def close(self):
         self.log.append(("close", self.variant, self.slot))
 
+    def __enter__(self):  # as EngineProcess: a context manager that closes the engine on exit
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
 
 def _evaluate_with_fakes(monkeypatch, tmp_path, restarts, seconds, rounds=4, carry_over=0.0):
     log, last_batch = [], [None]
