@@ -189,6 +189,10 @@ class VllmEngine:
         run()
         return self.rank0("sk_profile_stop", keep)
 
+    def graph_replay(self, batch_size: int) -> float | None:
+        """Median µs of one replay of rank 0's FULL CUDA graph of a `batch_size` decode batch (profile mode)."""
+        return self.rank0("sk_graph_replay", batch_size)
+
     def candidates_replaced(self):
         return self.rank0("sk_candidates_replaced")
 
@@ -305,6 +309,9 @@ class SglangEngine:
         time.sleep(2)  # the scheduler may still be writing the file it just created
         return summarize_trace(load_trace(traces[0]), steps=steps, device="cuda", keep=keep and rank_path(keep, 0))
 
+    def graph_replay(self, batch_size: int) -> None:
+        return None  # SGLang's graphs live in its scheduler process, which takes no such call
+
     def candidates_replaced(self):
         return None
 
@@ -391,6 +398,15 @@ class Server:
 
         self.engine.reset_prefix_cache()  # the warm-up batch left these prompts cached
         return self.engine.profile(run, keep)
+
+    def graph_replay(self, workload: str) -> float | None:
+        """A latency workload's decode step on the GPU alone: the median µs of one replay of the engine's FULL CUDA
+        graph of its batch (sk.workflow.profile_worker); None for a throughput workload, or where the engine
+        captured no such graph or cannot be asked (SGLang)."""
+        spec = resolve(workload).spec
+        if spec.purpose is not Purpose.LATENCY:
+            return None
+        return self.engine.graph_replay(spec.batch_size)
 
     def info(self) -> dict:
         return {"environment": self.engine.environment(), "kv_cache_tokens": self.engine.kv_cache_tokens(),

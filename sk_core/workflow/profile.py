@@ -10,6 +10,11 @@ and after: which kernels went away, what each step spends now), per engine step;
 stock and ours one after the other on one device and writes that comparison too (kernel times compare only
 between profiles of one card: each file records the card's UUID); `--both --side-by-side` starts both engines
 first, each with its share of the device as `sk eval` pairs them, and profiles one while the other idles.
+
+Beside each latency workload's profile, vLLM's decode step on the GPU alone: its FULL CUDA graph of the batch,
+replayed back to back between CUDA events (sk.workflow.profile_worker), with neither the profiler nor the host's
+step loop in it. With `--side-by-side` the two engines' graphs are also replayed in paired rounds (A B B A ..., as
+`sk eval` times batches), which gives the ratio of their GPU time per step with an interval.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sk import settings
-from sk.workflow import scenarios
+from sk.workflow import paired, scenarios
 from sk.workflow.engine_runner import EngineProcess, progress_bars, start_sharing
 from sk.workflow.errors import WorkflowError
 from sk.workflow.kernel_profile import CLASSES, rank_path
@@ -83,6 +88,7 @@ def compare(base: dict, cand: dict) -> list[dict]:
             found.append({"model": key[0], "engine": key[1], "workload": token, "steps": (b["steps"], c["steps"]),
                           "gpus": (device_id(b_row), device_id(cand_rows[key])),
                           "kernels_per_step": (b["kernels_per_step"], c["kernels_per_step"]),
+                          "graph_replay_us": (b.get("graph_replay_us"), c.get("graph_replay_us")),
                           "per_step_us": {name: (per_step(b, x), per_step(c, y)) for name, (x, y) in lines.items()},
                           "kernels": kernels})
     if not found:
@@ -130,7 +136,11 @@ def compare_tables(rows: list[dict], base_label: str, cand_label: str) -> list[T
         for name, (x, y) in r["per_step_us"].items():
             table.add_row(name, "", us(x), us(y), diff(x, y))
         b_k, c_k = r["kernels_per_step"]
-        table.add_row("kernels", "", us(b_k), us(c_k), diff(b_k, c_k), end_section=True)
+        replayed = r.get("graph_replay_us", (None, None))
+        table.add_row("kernels", "", us(b_k), us(c_k), diff(b_k, c_k), end_section=replayed == (None, None))
+        if replayed != (None, None):
+            table.add_row("decode graph replayed (µs, no profiler)", "", us(replayed[0]), us(replayed[1]),
+                          diff(*replayed), end_section=True)
         for k in r["kernels"]:
             table.add_row(k["name"], k["class"], us(k["base_us"]), us(k["cand_us"]),
                           diff(k["base_us"], k["cand_us"]))
@@ -225,6 +235,8 @@ def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool
                 engines = start_sharing(stack, scenario, [start(*variant) for variant in variants])
                 rows = {folder: _profile_engine(engine, scenario_file, scenario, out_dir / folder)
                         for (folder, _), engine in zip(variants, engines)}
+                for token, result in _replayed_in_pairs(*engines, scenario).items():
+                    rows["sk"]["workloads"][token]["graph_replay_paired"] = result
             for folder, sk_on in variants:
                 per_variant[folder].append(_shown(rows[folder], scenario, sk_on, console))
         paths = [_write_variant(scenario_file, out_dir / folder, sk_on, per_variant[folder],
@@ -238,9 +250,54 @@ def run(scenario_file: str, out_dir: Path, *, with_sk: bool, enforce_eager: bool
             paths.append(_write_variant(scenario_file, out_dir / folder, sk_on, results, options, console))
     recorder = Console(width=max(console.width, 160), record=True, file=io.StringIO())
     run_compare(*map(str, paths), console, recorder)
+    if side_by_side:
+        table = replay_pairs_table(per_variant["sk"])
+        for target in (console, recorder):
+            target.print(table)
     compare_path = out_dir / f"{Path(scenario_file).stem}.compare.txt"
     compare_path.write_text(f"$ sk profile --compare {paths[0]} {paths[1]}\n" + recorder.export_text())
     console.print(f"comparison: {compare_path}")
+
+
+def _replayed_in_pairs(baseline: EngineProcess, candidate: EngineProcess, scenario: scenarios.Scenario,
+                       rounds: int = 2 * paired.DEFAULT_ROUNDS) -> dict[str, dict]:
+    """Per latency workload whose decode graph both engines captured: both graphs replayed in paired rounds
+    (sk.workflow.paired's order), each round one median per engine; `paired.summarize` of them (seconds)."""
+    engines = {paired.BASELINE: baseline, paired.CANDIDATE: candidate}
+    order = paired.pairing_order(rounds)
+    found = {}
+    for token in scenario.workloads:
+        def replayed(who: str) -> float | None:
+            return engines[who].call("graph_replay", description=f"{token} graphs replayed in pairs", workload=token)
+        if None in (replayed(paired.BASELINE), replayed(paired.CANDIDATE)):  # also the rounds' warm-up
+            continue
+        seconds = {who: [] for who in engines}
+        for pair in order:
+            for who in pair:
+                seconds[who].append(replayed(who) / 1e6)
+        found[token] = {**paired.summarize(seconds[paired.BASELINE], seconds[paired.CANDIDATE]),
+                        "order": " ".join("".join("A" if who == paired.BASELINE else "B" for who in pair)
+                                          for pair in order)}
+    return found
+
+
+def replay_pairs_table(rows: list[dict]) -> Table:
+    """The candidate's paired graph replays (`_replayed_in_pairs`, kept in its rows) as a table."""
+    table = Table(title="DECODE GRAPHS REPLAYED IN PAIRS (both engines up; the GPU's time per step, no host, no "
+                        "profiler)", title_justify="left")
+    for column in ("MODEL", "WORKLOAD", "ROUNDS", "STOCK µs", "OURS µs", "STOCK ÷ OURS", "95% CI", "VERDICT"):
+        table.add_column(column, justify="left" if column in ("MODEL", "WORKLOAD", "VERDICT") else "right")
+    for row in rows:
+        for token, w in row["workloads"].items():
+            r = w.get("graph_replay_paired")
+            if r:
+                table.add_row(row["scenario"]["model"], token, str(r["rounds"]), f"{r['baseline_median_s'] * 1e6:,.1f}",
+                              f"{r['candidate_median_s'] * 1e6:,.1f}", f"{r['speedup']:.3f}×",
+                              f"[{r['interval'][0]:.3f}, {r['interval'][1]:.3f}]", r["verdict"])
+    if not table.rows:
+        table.caption = "no decode graph to replay (throughput workloads, eager mode, the CPU engine or SGLang)"
+        table.caption_justify = "left"
+    return table
 
 
 def _variant_label(with_sk: bool) -> str:
@@ -280,6 +337,8 @@ def _profile_engine(engine: EngineProcess, scenario_file: str, scenario: scenari
         workloads[token] = engine.call("profile", description=f"{token} profiled", workload=token,
                                        keep=str(trace.resolve()))
         workloads[token]["trace"] = rank_path(str(trace), 0)
+        workloads[token]["graph_replay_us"] = engine.call("graph_replay", description=f"{token} graph replayed",
+                                                          workload=token)
     environment = engine.call("info")["environment"]
     return {"scenario": scenario.model_dump(), "environment": environment, "workloads": workloads}
 

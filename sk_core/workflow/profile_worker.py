@@ -4,6 +4,11 @@
 kernels) and counts the engine steps it executes; `sk_profile_stop` stops it and returns the trace's summary
 (sk.workflow.kernel_profile), and keeps the trace's device events where asked. CUDA: the device's kernels, CUDA
 graph replays included; CPU: the CPU ops.
+
+`sk_graph_replay(batch_size)` times the worker's captured FULL CUDA graph of a decode batch, replayed back to back
+with CUDA events: the model's forward on the GPU with neither the host's step loop nor a profiler in it (a
+profiler's per-kernel records change the gaps between a graph's kernels, and its host overhead hides what the
+step loop costs; results/h200/engines/README.md, 2026-12-06, late evening).
 """
 from __future__ import annotations
 
@@ -11,9 +16,47 @@ import json
 import os
 import tempfile
 
+import statistics
+
 import torch
 
 from sk.workflow.kernel_profile import rank_path, summarize_trace
+
+GRAPH_REPLAYS = 50
+GRAPH_WARMUP_REPLAYS = 5
+
+
+def decode_graphs(model_runner, batch_size: int) -> list:
+    """The FULL CUDA graphs `model_runner` captured for a decode batch of `batch_size` requests (one new token
+    each): vLLM's model runner V2 keeps them in `cudagraph_manager.graphs` (its default for dense models), V1 in
+    the CUDAGraphWrapper around the model. Empty where none was captured (eager mode, the CPU engine)."""
+    manager = getattr(model_runner, "cudagraph_manager", None)
+    graphs = getattr(manager, "graphs", None)
+    if isinstance(graphs, dict):
+        full = [(desc, graph) for desc, graph in graphs.items()
+                if desc.cg_mode.name == "FULL" and desc.num_tokens == batch_size and desc.num_reqs == batch_size
+                and not getattr(desc, "num_active_loras", 0)]
+        decode = [graph for desc, graph in full if desc.uniform_token_count == 1]  # the separate decode routine's
+        return decode or [graph for desc, graph in full if desc.uniform_token_count is None]
+    wrapper = getattr(getattr(model_runner, "model", None), "cudagraph_wrapper", None)
+    if wrapper is None or wrapper.runtime_mode.name != "FULL":
+        return []
+    return [entry.cudagraph for key, entry in wrapper.concrete_cudagraph_entries.items()
+            if key.num_tokens == batch_size and key.num_reqs in (None, batch_size) and key.uniform
+            and entry.cudagraph is not None]
+
+
+def replay_median_us(graph, replays: int = GRAPH_REPLAYS, warmup: int = GRAPH_WARMUP_REPLAYS) -> float:
+    """Median µs of one replay of `graph`, each between two CUDA events, back to back on the current stream."""
+    for _ in range(warmup):
+        graph.replay()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
+    for start, end in events:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
 
 
 class StepProfiler:
@@ -51,3 +94,13 @@ class StepProfiler:
             os.unlink(path)
         return summarize_trace(trace, steps=self._sk_steps, device="cuda" if torch.cuda.is_available() else "cpu",
                                keep=keep and rank_path(keep, getattr(self, "rank", 0)))
+
+    def sk_graph_replay(self, batch_size: int, replays: int = GRAPH_REPLAYS) -> float | None:
+        """Median µs of one replay of the FULL CUDA graph of a `batch_size` decode batch; None where there is none.
+        Call it between batches: a replay reruns the last step's inputs (its KV-cache writes land in slots that
+        step held)."""
+        graphs = decode_graphs(getattr(self, "model_runner", None), batch_size) if torch.cuda.is_available() else []
+        if len(graphs) != 1:
+            return None
+        torch.cuda.synchronize()
+        return replay_median_us(graphs[0], replays)

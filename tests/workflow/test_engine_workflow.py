@@ -158,6 +158,10 @@ def test_profile_both_tabulates_each_batch_keeps_its_trace_and_compares_on_one_d
         assert trace.name.endswith(".rank0.trace.json.gz") and trace.is_file() and f"/{folder}/" in str(trace)
         again = summarize_trace(load_trace(trace), steps=row["steps"], device=row["device"])
         assert again["kernels"] == row["kernels"] and again["classes"] == row["classes"]
+        # Eager on the CPU: no CUDA graph to replay, said as None, and nothing paired.
+        assert row["graph_replay_us"] is None and "graph_replay_paired" not in row
     compared = " ".join((work / out / "tiny.compare.txt").read_text().split())
     assert compared.startswith("$ sk profile --compare ") and "PER ENGINE STEP" in compared
+    assert "decode graph replayed" not in compared
+    assert ("DECODE GRAPHS REPLAYED IN PAIRS" in compared and "no decode graph to replay" in compared) is side_by_side
     assert "Both ran on one device." in compared and "Both ran on one device." in " ".join(result.stdout.split())

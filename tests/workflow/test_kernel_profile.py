@@ -210,3 +210,84 @@ def test_the_kept_trace_holds_the_device_events_and_summarizes_the_same(tmp_path
     again = load_trace(kept)
     assert {e["cat"] for e in again["traceEvents"]} == {"kernel"} and not any("args" in e for e in again["traceEvents"])
     assert summarize_trace(again, steps=2) == summary == summarize_trace(trace, steps=2)
+
+
+def test_the_decode_graph_of_a_batch_is_the_full_one_of_its_size():
+    from collections import namedtuple
+    from types import SimpleNamespace as NS
+
+    from sk.workflow.profile_worker import decode_graphs
+
+    Mode = namedtuple("Mode", "name")
+    Desc = namedtuple("Desc", "cg_mode num_tokens num_reqs uniform_token_count num_active_loras")  # as vLLM's: hashable
+    Key = namedtuple("Key", "num_tokens num_reqs uniform")
+
+    def desc(mode, tokens, reqs, uniform, loras=0):
+        return Desc(Mode(mode), tokens, reqs, uniform, loras)
+    # vLLM's model runner V2: the separate decode routine's graph wins over a FULL mixed-batch graph of the size;
+    # piecewise graphs, other sizes and LoRA cases are never it.
+    v2 = NS(cudagraph_manager=NS(graphs={
+        desc("FULL", 32, 32, 1): "decode-32", desc("FULL", 32, 32, None): "mixed-32",
+        desc("PIECEWISE", 32, None, None): "piecewise-32", desc("FULL", 8, 8, 1): "decode-8",
+        desc("FULL", 32, 32, 1, loras=1): "lora-32"}))
+    assert decode_graphs(v2, 32) == ["decode-32"] and decode_graphs(v2, 8) == ["decode-8"]
+    assert decode_graphs(v2, 1) == []
+    only_mixed = NS(cudagraph_manager=NS(graphs={desc("FULL", 8, 8, None): "mixed-8"}))
+    assert decode_graphs(only_mixed, 8) == ["mixed-8"]
+    # V1: the CUDAGraphWrapper around the whole model (FULL), keyed by BatchDescriptor.
+    entry = NS(cudagraph="graph-8")
+    wrapper = NS(runtime_mode=NS(name="FULL"), concrete_cudagraph_entries={
+        Key(8, 8, True): entry, Key(16, 16, True): entry, Key(8, 8, False): NS(cudagraph="mixed")})
+    assert decode_graphs(NS(model=NS(cudagraph_wrapper=wrapper)), 8) == ["graph-8"]
+    piecewise = NS(runtime_mode=NS(name="PIECEWISE"), concrete_cudagraph_entries={})
+    assert decode_graphs(NS(model=NS(cudagraph_wrapper=piecewise)), 8) == []
+    assert decode_graphs(NS(model=object()), 8) == [] and decode_graphs(None, 8) == []  # eager, the CPU engine
+
+
+def test_a_comparison_shows_the_replayed_decode_graphs_and_pairs_them_round_by_round():
+    from rich.console import Console
+
+    from sk.workflow import paired, profile
+
+    summary = summarize_trace([{"ph": "X", "cat": "kernel", "name": "nvjet_a", "ts": 0.0, "dur": 10.0}], steps=1)
+
+    def document(variant, replay_us):
+        return {"schema": profile.SCHEMA, "date": "2026-12-06T00:00:00+00:00", "variant": variant,
+                "scenarios": [{"scenario": {"model": "sk-tiny/qwen3", "engine": "vllm"},
+                               "workloads": {"LLM.decode_batch_32": summary | {"graph_replay_us": replay_us}}}]}
+    (row,) = profile.compare(document("stock", 5400.0), document("ours", 5500.0))
+    assert row["graph_replay_us"] == (5400.0, 5500.0)
+    console = Console(width=300, record=True)
+    for table in profile.compare_tables([row], "stock", "ours"):
+        console.print(table)
+    text = console.export_text()
+    assert "decode graph replayed (µs, no profiler)" in text and "+100.0" in text
+    (row,) = profile.compare(document("stock", None), document("ours", None))  # SGLang, or eager
+    console = Console(width=300, record=True)
+    for table in profile.compare_tables([row], "stock", "ours"):
+        console.print(table)
+    assert "decode graph replayed" not in console.export_text()
+
+    class Engine:  # the replies of EngineProcess.call("graph_replay", ...): µs, or None without such a graph
+        def __init__(self, us):
+            self.us, self.calls = us, 0
+
+        def call(self, command, description=None, **arguments):
+            assert command == "graph_replay" and arguments["workload"] in ("LLM.decode_batch_32", "LLM.throughput")
+            if arguments["workload"] == "LLM.throughput":
+                return None
+            self.calls += 1
+            return self.us + self.calls  # drifts: the rounds' order keeps that out of the ratio
+
+    scenario = type("S", (), {"workloads": ["LLM.decode_batch_32", "LLM.throughput"]})()
+    stock, ours = Engine(5400.0), Engine(5500.0)
+    found = profile._replayed_in_pairs(stock, ours, scenario, rounds=4)
+    assert list(found) == ["LLM.decode_batch_32"]  # no graph for the throughput batch: no pair
+    result = found["LLM.decode_batch_32"]
+    assert stock.calls == ours.calls == 5 and result["rounds"] == 4 and result["order"] == "AB BA AB BA"
+    assert result["verdict"] == "candidate slower" and 0.98 < result["speedup"] < 0.983
+    table = profile.replay_pairs_table([{"scenario": {"model": "sk-tiny/qwen3"},
+                                         "workloads": {"LLM.decode_batch_32": {"graph_replay_paired": result}}}])
+    console = Console(width=300, record=True)
+    console.print(table)
+    assert "candidate slower" in console.export_text() and paired.pairing_order(1) == [("baseline", "candidate")]
