@@ -15,7 +15,7 @@ set -euo pipefail
 dest=${1:?usage: stage.sh DEST vllm|sglang|NAME==VER|FOLDER ...}; shift
 here=$(cd "$(dirname "$0")/../.." && pwd)
 tree=$(git -C "$here" ls-files -z --cached --others --exclude-standard \
-       | (cd "$here" && xargs -0 stat -c %s 2>/dev/null) | awk '{s += $1} END {print s + 0}')
+       | (cd "$here" && xargs -0 stat -c %s 2>/dev/null; true) | awk '{s += $1} END {print s + 0}')  # slimmed: gone
 part_mb=${PART_MB:-$(( (64 * 1024 * 1024 - tree) / 1000000 - 8 ))}
 [ "$part_mb" -ge 16 ] || { echo "stage.sh: parts of $part_mb MB: the tree ($tree bytes) leaves too little" >&2; exit 1; }
 wanted=(); folders=()
