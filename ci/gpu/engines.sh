@@ -38,7 +38,9 @@
 #                           profile-;
 #                           SK_EVAL_CROSSED=1 adds --crossed: both start orders, the rounds pooled;
 #                           SK_EVAL_RESTARTS=N adds --restarts N: N engine pairs, start orders alternating;
-#                           SK_EVAL_ROUNDS=N adds --rounds N, all pairs' rounds together)
+#                           SK_EVAL_ROUNDS=N adds --rounds N, all pairs' rounds together;
+#                           SK_EVAL_MAX_LAYERS=N adds --max-layers N to pair- and profile-: the first N decoder
+#                           layers, for a run that must fit little device time)
 # selftest-, pair- and profile- steps also log the GPU's SM clock and power every 200 ms (nvidia-smi) into
 # gpu_clocks.csv, to line up with the batches' start times in the JSON.
 # A step writes everything into /tmp/sk-gpu/STEP and leaves in OUTDIR one archive of it, STEP.tgz (the device
@@ -104,7 +106,8 @@ case $step in
           [ "${step%%-*}" = selftest ] && command+=(--self-test)
           [ "${SK_EVAL_CROSSED:-0}" = 1 ] && command+=(--crossed)
           [ -n "${SK_EVAL_RESTARTS:-}" ] && command+=(--restarts "$SK_EVAL_RESTARTS")
-          [ -n "${SK_EVAL_ROUNDS:-}" ] && command+=(--rounds "$SK_EVAL_ROUNDS") ;;
+          [ -n "${SK_EVAL_ROUNDS:-}" ] && command+=(--rounds "$SK_EVAL_ROUNDS")
+          [ -n "${SK_EVAL_MAX_LAYERS:-}" ] && command+=(--max-layers "$SK_EVAL_MAX_LAYERS") ;;
   bench-gated-mlp)
           command=(python3 benchmarks/bench_gated_mlp.py --out "$work" --no-compile --kernels
                    --m "${SK_GATED_MLP_M:-1,8,32,128,2048}")
@@ -117,7 +120,8 @@ case $step in
                    --workloads "${SK_EVAL_WORKLOADS:-$workloads}")
           case ${SK_PROFILE_SK:-0} in
             1) command+=(--sk) ;; both) command+=(--both) ;; side-by-side) command+=(--both --side-by-side) ;;
-          esac ;;
+          esac
+          [ -n "${SK_EVAL_MAX_LAYERS:-}" ] && command+=(--max-layers "$SK_EVAL_MAX_LAYERS") ;;
   *)      echo "unknown step $step" >&2; exit 2 ;;
 esac
 # Stopped in time for the archive to be written within the device tool's 10 minutes.
