@@ -93,6 +93,26 @@ def device_events(trace: dict | list) -> tuple[str, list[dict]]:
     return "cpu", ops
 
 
+# A kernel vLLM's model runner V2 launches once per engine step, outside the CUDA graphs (0.25.0).
+VLLM_STEP_MARKER = "_compute_slot_mappings_kernel"
+
+
+def step_windows(trace: dict | list, marker: str = VLLM_STEP_MARKER) -> list[dict]:
+    """Per engine step of a kept GPU trace, split where the kernel `marker` (once per step) begins: "window_us"
+    (from its start to the next step's), "busy_us" (its kernels' time, overlaps once), "kernels". A step whose
+    window exceeds its busy time waited on the host; set two runs' steps side by side to see which steps, not
+    only how much, a variant's time grew in (results/h100/engines/README.md, 2026-12-07)."""
+    _, kernels = device_events(trace)
+    starts = [i for i, e in enumerate(kernels) if e["name"].startswith(marker)]
+    steps = []
+    for first, following in zip(starts, [*starts[1:], None]):
+        span = kernels[first:following]
+        end = kernels[following]["ts"] if following is not None else max(e["ts"] + e["dur"] for e in span)
+        steps.append({"window_us": end - span[0]["ts"], "busy_us": sum(e["self"] for e in span),
+                      "kernels": len(span)})
+    return steps
+
+
 def _in_start_order(events: list[dict]):
     """(event, the latest end of the events before it: the first one's start for the first), the events in start
     order (the longer first where two start together): one sweep for what overlaps (`exclusive_us`) and what is

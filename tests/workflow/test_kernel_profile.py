@@ -291,3 +291,19 @@ def test_a_comparison_shows_the_replayed_decode_graphs_and_pairs_them_round_by_r
     console = Console(width=300, record=True)
     console.print(table)
     assert "candidate slower" in console.export_text() and paired.pairing_order(1) == [("baseline", "candidate")]
+
+
+def test_a_trace_splits_into_engine_steps_at_the_marker_kernel():
+    from sk.workflow.kernel_profile import VLLM_STEP_MARKER, step_windows
+
+    def kernel(name, ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+    # Two steps: the first's kernels 10 + 30 µs (the GEMM overlapping the marker by 5 counts once) in a 100 µs
+    # window that ends where the second's marker begins; the second ends with its last kernel.
+    trace = {"traceEvents": [
+        kernel("before_the_first_step", 0.0, 5.0), kernel(VLLM_STEP_MARKER, 10.0, 10.0), kernel("nvjet_a", 15.0, 35.0),
+        kernel(VLLM_STEP_MARKER + "_v2", 110.0, 10.0), kernel("nvjet_a", 130.0, 30.0),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 500.0}]}
+    assert step_windows(trace) == [{"window_us": 100.0, "busy_us": 40.0, "kernels": 2},
+                                   {"window_us": 50.0, "busy_us": 40.0, "kernels": 2}]
+    assert step_windows(trace, marker="no_such_kernel") == []
