@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-
 import statistics
+import tempfile
 
 import torch
 
