@@ -1,0 +1,81 @@
+"""Host time of one op call through each way of registering a PyTorch operator, on the CPU, no kernel run:
+
+- a `torch.library.custom_op` (how sk.ops registers its ops today) that does nothing,
+- the same schema defined with `torch.library.Library` and a backend-key implementation that does nothing (how
+  vLLM's `direct_register_custom_op` registers its Python ops),
+- sk.ops' own `torch.ops.sk.fused_add_rms_norm_` (what vLLM's compiled code calls per norm) with its coverage
+  decision and kernel launch stubbed out: the dispatch and wrapper cost alone,
+
+each with and without `torch.inference_mode`. The engines run ours this way in every eagerly run step (vLLM's
+prefill above its largest captured graph: results/h100/engines/README.md, 2026-12-07).
+
+    python benchmarks/op_dispatch_overhead.py [--calls N]
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+import sk  # noqa: F401  (registers torch.ops.sk.*)
+from sk import coverage
+
+
+def per_call_us(fn, calls: int, repeats: int = 5) -> float:
+    """Median over `repeats` timed loops of `calls` calls (after a warm-up loop) of µs per call."""
+    for _ in range(calls // 10 + 1):
+        fn()
+    loops = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        loops.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(loops)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=3000)
+    args = parser.parse_args()
+    x = torch.randn(1024, 4096, dtype=torch.bfloat16)
+    residual, weight = torch.randn_like(x), torch.ones(4096, dtype=torch.bfloat16)
+
+    @torch.library.custom_op("sk_bench::noop_custom_op", mutates_args=("x", "residual"))
+    def _noop(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> None:
+        return None
+
+    library = torch.library.Library("sk_bench", "FRAGMENT")
+    library.define("noop_library(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps, float offset) -> ()")
+    library.impl("noop_library", lambda x, residual, weight, eps, offset: None, "CPU")
+
+    rms_norm_module = sys.modules["sk.ops.rms_norm"]
+    calls = {
+        "torch.library.custom_op, no-op": lambda: torch.ops.sk_bench.noop_custom_op.default(x, residual, weight, 1e-6, 0.0),
+        "torch.library.Library + CPU key, no-op": lambda: torch.ops.sk_bench.noop_library.default(x, residual, weight, 1e-6, 0.0),
+        "torch.ops.sk.fused_add_rms_norm_, decision and launch stubbed":
+            lambda: torch.ops.sk.fused_add_rms_norm_.default(x, residual, weight, 1e-6, 0.0),
+    }
+    launch, decide = rms_norm_module._launch, coverage.decide
+    rms_norm_module._launch, coverage.decide = (lambda *a, **k: None), (lambda *a, **k: True)
+    try:
+        rows = {}
+        for name, fn in calls.items():
+            grad_mode = per_call_us(fn, args.calls)
+            with torch.inference_mode():
+                rows[name] = (grad_mode, per_call_us(fn, args.calls))
+    finally:
+        rms_norm_module._launch, coverage.decide = launch, decide
+    print(f"torch {torch.__version__}, Python {platform.python_version()}, {platform.processor() or platform.machine()}; "
+          f"µs per call, median of 5 loops of {args.calls}")
+    print(f"{'call':<64} {'grad mode':>10} {'inference':>10}")
+    for name, (grad, inference) in rows.items():
+        print(f"{name:<64} {grad:10.1f} {inference:10.1f}")
+
+
+if __name__ == "__main__":
+    main()
