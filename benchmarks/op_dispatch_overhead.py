@@ -6,8 +6,10 @@
 - sk.ops' own `torch.ops.sk.fused_add_rms_norm_` (what vLLM's compiled code calls per norm) with its coverage
   decision and kernel launch stubbed out: the dispatch and wrapper cost alone,
 
-each with and without `torch.inference_mode`. The engines run ours this way in every eagerly run step (vLLM's
-prefill above its largest captured graph: results/h100/engines/README.md, 2026-12-07).
+each with grad mode on, under `torch.inference_mode` on tensors made outside it, and on inference tensors (made
+under `torch.inference_mode`, as the activations of an engine's forward are: vLLM runs its model in that mode).
+The engines run ours this way in every eagerly run step (vLLM's prefill above its largest captured graph:
+results/h100/engines/README.md, 2026-12-07).
 
     python benchmarks/op_dispatch_overhead.py [--calls N]
 """
@@ -42,8 +44,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=3000)
     args = parser.parse_args()
-    x = torch.randn(1024, 4096, dtype=torch.bfloat16)
-    residual, weight = torch.randn_like(x), torch.ones(4096, dtype=torch.bfloat16)
+    tensors = {}
+    for mode in ("normal", "inference"):
+        with torch.inference_mode(mode == "inference"):
+            x = torch.randn(1024, 4096, dtype=torch.bfloat16)
+            tensors[mode] = (x, torch.randn_like(x), torch.ones(4096, dtype=torch.bfloat16))
 
     @torch.library.custom_op("sk_bench::noop_custom_op", mutates_args=("x", "residual"))
     def _noop(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> None:
@@ -55,26 +60,28 @@ def main() -> None:
 
     rms_norm_module = sys.modules["sk.ops.rms_norm"]
     calls = {
-        "torch.library.custom_op, no-op": lambda: torch.ops.sk_bench.noop_custom_op.default(x, residual, weight, 1e-6, 0.0),
-        "torch.library.Library + CPU key, no-op": lambda: torch.ops.sk_bench.noop_library.default(x, residual, weight, 1e-6, 0.0),
-        "torch.ops.sk.fused_add_rms_norm_, decision and launch stubbed":
-            lambda: torch.ops.sk.fused_add_rms_norm_.default(x, residual, weight, 1e-6, 0.0),
+        "torch.library.custom_op, no-op": torch.ops.sk_bench.noop_custom_op.default,
+        "torch.library.Library + CPU key, no-op": torch.ops.sk_bench.noop_library.default,
+        "torch.ops.sk.fused_add_rms_norm_, decision and launch stubbed": torch.ops.sk.fused_add_rms_norm_.default,
     }
     launch, decide = rms_norm_module._launch, coverage.decide
     rms_norm_module._launch, coverage.decide = (lambda *a, **k: None), (lambda *a, **k: True)
     try:
         rows = {}
-        for name, fn in calls.items():
-            grad_mode = per_call_us(fn, args.calls)
+        for name, op in calls.items():
+            def call(mode: str):
+                return lambda: op(*tensors[mode], 1e-6, 0.0)
+            grad_mode = per_call_us(call("normal"), args.calls)
             with torch.inference_mode():
-                rows[name] = (grad_mode, per_call_us(fn, args.calls))
+                rows[name] = (grad_mode, per_call_us(call("normal"), args.calls),
+                              per_call_us(call("inference"), args.calls))
     finally:
         rms_norm_module._launch, coverage.decide = launch, decide
     print(f"torch {torch.__version__}, Python {platform.python_version()}, {platform.processor() or platform.machine()}; "
           f"µs per call, median of 5 loops of {args.calls}")
-    print(f"{'call':<64} {'grad mode':>10} {'inference':>10}")
-    for name, (grad, inference) in rows.items():
-        print(f"{name:<64} {grad:10.1f} {inference:10.1f}")
+    print(f"{'call':<64} {'grad mode':>10} {'inference mode':>15} {'inference tensors':>18}")
+    for name, (grad, inference, inference_tensors) in rows.items():
+        print(f"{name:<64} {grad:10.1f} {inference:15.1f} {inference_tensors:18.1f}")
 
 
 if __name__ == "__main__":
