@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
-import statistics
 import sys
-import time
 
 import torch
 
@@ -22,6 +20,7 @@ if os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available():
     sys.exit("geglu_host_path: run on a CPU machine with TRITON_INTERPRET=1")
 
 import sk  # noqa: E402
+from sk.bench.timing import host_us_per_call  # noqa: E402
 
 gk = importlib.import_module("sk.ops.gated_mlp.geglu_kernels")
 common = importlib.import_module("sk.ops.gated_mlp.common")
@@ -35,14 +34,7 @@ class _Stub:
 
 
 def per_call_us(fn, calls=2000, repeats=7):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
+    return host_us_per_call(fn, calls=calls, repeats=repeats)
 
 
 def main():

@@ -17,27 +17,18 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import sys
-import time
 
 import torch
 
 import sk  # noqa: F401  (registers torch.ops.sk.*)
 from sk import coverage
+from sk.bench.timing import host_us_per_call
 
 
-def per_call_us(fn, calls: int, repeats: int = 5) -> float:
-    """Median over `repeats` timed loops of `calls` calls (after a warm-up loop) of µs per call."""
-    for _ in range(calls // 10 + 1):
-        fn()
-    loops = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        loops.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(loops)
+def per_call_us(fn, calls: int) -> float:
+    """Median over 5 timed loops of `calls` calls (after calls / 10 + 1 untimed ones) of µs per call."""
+    return host_us_per_call(fn, calls=calls, repeats=5, warmup_calls=calls // 10 + 1)
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ import itertools
 import math
 import random
 import statistics
+import time
 from typing import Callable, Iterator
 
 import torch
@@ -65,6 +66,20 @@ def side_by_side_us(
             end.synchronize()
             times[name].append(start.elapsed_time(end) * 1000 / calls_per_replay)
     return {name: statistics.median(times[name]) if name in times else None for name in fns}
+
+
+def host_us_per_call(fn: Callable[[], object], *, calls: int, repeats: int, warmup_calls: int = 1) -> float:
+    """Median over `repeats` timed loops of `calls` calls (after `warmup_calls` untimed ones) of the host's µs per
+    call: the Python and dispatch cost of `fn`, for CPU measurements with the kernels stubbed out."""
+    for _ in range(warmup_calls):
+        fn()
+    loops = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        loops.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(loops)
 
 
 def l2_cold_copies(tensors: dict[str, torch.Tensor], *, l2_multiple: float = 3.0) -> Iterator[dict[str, torch.Tensor]]:

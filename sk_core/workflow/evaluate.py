@@ -424,8 +424,7 @@ def evaluate_scenario(scenario: scenarios.Scenario, *, out_dir: Path, stem: str,
                                  timings[token], tie_nats) for token in scenario.workloads]
         adapter = adapter_summary(Path(reports), scenario.engine, engine_starts=restarts)
     passed = all(r["mismatches"] == 0 for r in rows)
-    orders = ["".join("AB" if p[0] == paired.BASELINE else "BA" for p in paired.pairing_order(n, lead=started[0]))
-              for started, n in runs]
+    orders = ["".join(paired.order_letters(paired.pairing_order(n, lead=started[0]))) for started, n in runs]
     return {"scenario": scenario.model_dump(), "correctness": "PASS" if passed else "FAIL", "rows": rows,
             "adapter": adapter, "self_test": self_test,
             "candidates_replaced": info[paired.CANDIDATE]["candidates_replaced"],

@@ -37,6 +37,11 @@ def pairing_order(rounds: int, lead: str = BASELINE) -> list[tuple[str, str]]:
     return [first if r % 2 == 0 else first[::-1] for r in range(rounds)]
 
 
+def order_letters(order: list[tuple[str, str]]) -> list[str]:
+    """`pairing_order`'s rounds as letters, A the baseline and B the candidate: ["AB", "BA", ...]."""
+    return ["AB" if first == BASELINE else "BA" for first, _ in order]
+
+
 def bootstrap_interval(values: list[float], *, groups: list[int] | None = None,
                        resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
                        confidence: float = CONFIDENCE) -> tuple[float, float]:

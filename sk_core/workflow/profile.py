@@ -136,7 +136,7 @@ def compare_tables(rows: list[dict], base_label: str, cand_label: str) -> list[T
         for name, (x, y) in r["per_step_us"].items():
             table.add_row(name, "", us(x), us(y), diff(x, y))
         b_k, c_k = r["kernels_per_step"]
-        replayed = r.get("graph_replay_us", (None, None))
+        replayed = r["graph_replay_us"]
         table.add_row("kernels", "", us(b_k), us(c_k), diff(b_k, c_k), end_section=replayed == (None, None))
         if replayed != (None, None):
             table.add_row("decode graph replayed (µs, no profiler)", "", us(replayed[0]), us(replayed[1]),
@@ -276,8 +276,7 @@ def _replayed_in_pairs(baseline: EngineProcess, candidate: EngineProcess, scenar
             for who in pair:
                 seconds[who].append(replayed(who) / 1e6)
         found[token] = {**paired.summarize(seconds[paired.BASELINE], seconds[paired.CANDIDATE]),
-                        "order": " ".join("".join("A" if who == paired.BASELINE else "B" for who in pair)
-                                          for pair in order)}
+                        "order": " ".join(paired.order_letters(order))}
     return found
 
 

@@ -82,3 +82,8 @@ def test_unequal_pairs_draw_as_many_rounds_as_they_hold():
     # both 2.0, never a padding value; drawing pair 0 twice holds six.
     low, high = paired.bootstrap_interval([1.0, 1.0, 1.0, 2.0], groups=["a", "a", "a", "b"])
     assert (low, high) == (1.0, 2.0)
+
+
+def test_the_rounds_order_reads_as_letters():
+    assert paired.order_letters(paired.pairing_order(4)) == ["AB", "BA", "AB", "BA"]
+    assert paired.order_letters(paired.pairing_order(3, lead=paired.CANDIDATE)) == ["BA", "AB", "BA"]
