@@ -16,6 +16,7 @@ runs in (for the engines' RPCs).
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import multiprocessing
 import multiprocessing.util
@@ -35,6 +36,14 @@ REPORT_SCHEMA = "standardkernels.adapter-report/1"
 REPORT_INTERVAL_S = 1.0
 
 _write_lock = threading.Lock()
+# (time.perf_counter() at the start, seconds taken) of this process's latest report writes, build included:
+# `sk profile` sets them beside the engine steps they may have delayed (the writer thread holds the GIL).
+_writes: collections.deque = collections.deque(maxlen=1024)
+
+
+def write_intervals() -> list[tuple[float, float]]:
+    """(start, seconds) of this process's latest report writes (building the report included), oldest first."""
+    return list(_writes)
 
 
 def _reinit_write_lock_in_child() -> None:
@@ -122,8 +131,12 @@ def keep_report_written(engine: str, build: Callable[[], dict]) -> None:
     written = [None]  # coverage.changes() when the file was last written
 
     def write_now(_violation: dict | None = None) -> None:
+        start = time.perf_counter()
         written[0] = coverage.changes()  # read first: a record made while building is written next time
-        write_report(engine, build())
+        try:
+            write_report(engine, build())
+        finally:
+            _writes.append((start, time.perf_counter() - start))
 
     def write_at_exit() -> None:
         if os.getpid() not in exited:

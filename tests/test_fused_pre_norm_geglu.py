@@ -426,7 +426,7 @@ def test_custom_op_registration_passes_opcheck():
     x = make_x(5, 16, torch.float64, "cpu")
     for save in (False, True):
         args = (x.requires_grad_(save), *[p.requires_grad_(save) for p in params], EPS, "none", save)
-        torch.library.opcheck(geglu.geglu_op, args,
+        torch.library.opcheck(geglu.geglu_op.opoverload, args,
                               test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 

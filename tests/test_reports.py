@@ -20,6 +20,8 @@ assert calls(os.getpid()) == 0, "written at registration"
 sk.ops.rms_norm(torch.ones(2, 8), torch.ones(8))
 time.sleep(wait)
 assert calls(os.getpid()) == 1, "rewritten while running"
+writes = sk.reports.write_intervals()
+assert len(writes) == 2 and all(s >= 0 for _, s in writes) and writes[0][0] < writes[1][0], "each write timed"
 with sk.coverage.strict():
     try:
         sk.ops.rms_norm(torch.ones(3, 8), torch.ones(8))

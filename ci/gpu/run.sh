@@ -17,6 +17,7 @@
 # "decoder-chain": decoder layers without attention under Inductor, our norm/activation kernels inside or not
 # (SK_CHAIN_SHAPE, default qwen3-8b); "norm-pdl": our RMSNorm as dependent launches against plain stream order,
 # chained in graphs (with the engines installed, ci/gpu/engines.sh bench-norm-pdl adds their norms);
+# "host-path": the host's µs per call of each of our ops on the GPU, as an engine's eager step calls them;
 # "geglu-paths": the GEGLU op on the paths a user takes, seed/decode/prefill shapes,
 # inference only; "gated-mlp": benchmarks/bench_gated_mlp.py at the engines' shapes with the peers importable here,
 # each implementation's kernels timed too (with the engines installed, ci/gpu/engines.sh bench-gated-mlp adds
@@ -77,6 +78,7 @@ for step in $steps; do
             python3 -m pytest -q -p no:cacheprovider -rf -k gpu tests/adapters/test_fused_blocks.py 2>&1 \
               | tee "$out/fused_blocks_gpu_tests.log"
             status=$((status | ${PIPESTATUS[0]})) ;;
+    host-path) python3 benchmarks/op_host_path.py --out "$out/host_path" 2>&1 | tee "$out/host_path.log" ;;
     qk-norm) python3 benchmarks/bench_qk_norm.py "$out/qk_norm" 2>&1 | tee "$out/qk_norm.log" ;;
     norm-pdl) python3 benchmarks/bench_norm_pdl.py "$out/norm_pdl" 2>&1 | tee "$out/norm_pdl.log" ;;
     decoder-chain) python3 benchmarks/bench_decoder_chain.py "$out/decoder_chain" --shape "${SK_CHAIN_SHAPE:-qwen3-8b}" \

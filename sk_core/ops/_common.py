@@ -47,13 +47,33 @@ def _tensors(args) -> list[torch.Tensor]:
     return [a for a in args if isinstance(a, torch.Tensor)]
 
 
+def direct(*tensors: torch.Tensor | None) -> bool:
+    """Whether a call that wants no gradient can run an op's implementation itself: `plain_eager`, outside
+    torch.func's transforms (vmap and the others need the op's dispatch)."""
+    return plain_eager(*tensors) and not torch._C._are_functorch_transforms_active()
+
+
+def bump_versions(*written: torch.Tensor) -> None:
+    """Advance the version counters of tensors written in place outside torch's dispatch, as a mutating op's
+    dispatch does (autograd's saved-tensor checks and `sk.ops.weight_cache` read them); inference tensors have
+    none."""
+    for t in written:
+        if not t.is_inference():
+            torch.autograd.graph.increment_version(t)
+
+
 def eager_or_op(op: Callable, impl: Callable, setup_context: Callable, backward: Callable) -> Callable:
     """A call of custom op `op` (made from `impl`, with `setup_context` and `backward` registered as its autograd)
-    that runs as its `eager_function` where `eager_autograd` allows, and as `op` elsewhere."""
+    that runs as its `eager_function` where `eager_autograd` allows, as `impl` itself where no gradient is wanted
+    and `direct` allows (torch.library's dispatch alone costs 5 µs of host time a call on inference tensors, 20
+    µs in grad mode: results/h100/engines/2026-12-07/op_dispatch_overhead-cpu.txt), and as `op` elsewhere."""
     function = eager_function(impl, setup_context, backward)
 
     def call(*args):
-        return function.apply(*args) if eager_autograd(*_tensors(args)) else op(*args)
+        tensors = _tensors(args)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return function.apply(*args) if eager_autograd(*tensors) else op(*args)
+        return impl(*args) if direct(*tensors) else op(*args)
     return call
 
 
@@ -84,6 +104,8 @@ def check_same_device(op: str, names: Sequence[str], tensors: Sequence[torch.Ten
 
 def rows_view(t: torch.Tensor) -> torch.Tensor:
     """`t` as (rows, last dim) with unit stride along the last dim: a view when possible, a copy otherwise."""
+    if t.dim() == 2 and t.stride(-1) == 1:  # already rows: the common case, without reshape's dispatch
+        return t
     n = t.shape[-1]
     # reshape(-1, 0) is ambiguous (any row count fits 0 elements): width 0 names its row count.
     t2 = t.reshape(-1, n) if n else t.reshape(math.prod(t.shape[:-1]), 0)
@@ -93,7 +115,7 @@ def rows_view(t: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------- writes into arguments
 
 def attach_reference_backward(
-    op: torch.library.CustomOpDef, coverage_name: Callable[[Sequence], str], reference: Callable
+    op: LibraryOp, coverage_name: Callable[[Sequence], str], reference: Callable
 ) -> None:
     """Give `op` an autograd formula: the gradient of `reference` at the same inputs, recomputed in the backward.
 
@@ -161,10 +183,62 @@ def refuse_out_autograd(op: str, names: Sequence[str], tensors: Sequence[torch.T
         )
 
 
+# ----------------------------------------------------------------------------------------------- registration
+
+class LibraryOp:
+    """An operator `ns::name` defined with `torch.library.Library` from `impl` (its schema inferred from the
+    annotations, as `torch.library.custom_op` infers it), `impl` registered for every backend
+    (CompositeExplicitAutograd); with the part of `torch.library.CustomOpDef`'s interface the op files use:
+    calling it, `register_fake`, `register_autograd`, and `opoverload` (`torch.ops.ns.name.default`).
+
+    Why not `custom_op`: each call of a custom op runs Python of torch's around the implementation (the output
+    aliasing check, a Dynamo-disabled frame): twice the dispatch's host time, 5.1 against 2.5 µs on inference
+    tensors (results/h100/engines/2026-12-07/op_dispatch_overhead-cpu.txt), paid at each call compiled code makes
+    (vLLM's eagerly run prefill calls ours from Inductor's wrapper). What custom_op registers besides, for the
+    ops here: the fake (`register_fake`; one that does nothing for an op that returns nothing) and, for an op that
+    writes into its arguments, an ADInplaceOrView kernel that advances the written tensors' version counters (autograd's checks of saved tensors and
+    `sk.ops.weight_cache` read them).
+    """
+
+    def __init__(self, qualname: str, impl: Callable, *, mutates_args: Sequence[str] = ()):
+        self.qualname = qualname
+        namespace, self.name = qualname.split("::")
+        self._lib = torch.library.Library(namespace, "FRAGMENT")  # registrations last as long as the object
+        schema = torch.library.infer_schema(impl, mutates_args=tuple(mutates_args))
+        self._lib.define(self.name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+        self._lib.impl(self.name, impl, "CompositeExplicitAutograd")
+        self.opoverload = getattr(getattr(torch.ops, namespace), self.name).default
+        self.__doc__ = impl.__doc__
+        if mutates_args:
+            self._register_version_bump()
+        if not self.opoverload._schema.returns:  # writes into its arguments only: its fake does nothing
+            self.register_fake(lambda *args: None)
+
+    def __call__(self, *args):
+        return self.opoverload(*args)
+
+    def register_fake(self, fake: Callable) -> Callable:
+        torch.library.register_fake(self.qualname, fake, lib=self._lib)
+        return fake
+
+    def register_autograd(self, backward: Callable, *, setup_context: Callable) -> None:
+        torch.library.register_autograd(self.qualname, backward, setup_context=setup_context, lib=self._lib)
+
+    def _register_version_bump(self) -> None:
+        schema = self.opoverload._schema
+        written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+        op, below = self.opoverload, torch._C._after_ADInplaceOrView_keyset
+
+        def bump_then_redispatch(keyset, *args):
+            bump_versions(*(args[i] for i in written))
+            return op.redispatch(keyset & below, *args)
+        self._lib.impl(self.name, bump_then_redispatch, "ADInplaceOrView", with_keyset=True)
+
+
 _guard_libraries: list[torch.library.Library] = []
 
 
-def refuse_autograd_of_mutating_op(op: torch.library.CustomOpDef, instead: str) -> None:
+def refuse_autograd_of_mutating_op(op: LibraryOp, instead: str) -> None:
     """Make a custom op that writes into its arguments raise when called with grad mode on and an input that
     requires grad.
 
@@ -173,7 +247,7 @@ def refuse_autograd_of_mutating_op(op: torch.library.CustomOpDef, instead: str) 
     replaces it. The public functions send training calls to the functional op or refuse them first, so only a
     direct call of the raw op (`torch.ops.sk.*`) with a gradient wanted reaches the error here.
     """
-    overload = op._opoverload
+    overload = op.opoverload
     arg_names = [a.name for a in overload._schema.arguments]
 
     def autograd_kernel(keyset, *args):

@@ -18,8 +18,11 @@ import triton.language as tl
 
 from sk import coverage
 from sk.ops._common import (
+    LibraryOp,
+    bump_versions,
     check_float,
     check_same_device,
+    direct,
     direct_or_op,
     eager_or_op,
     refuse_autograd_of_mutating_op,
@@ -220,7 +223,7 @@ def _act_and_mul_impl(x: torch.Tensor, activation: str) -> torch.Tensor:
     return y
 
 
-_act_and_mul_op = torch.library.custom_op("sk::act_and_mul", mutates_args=())(_act_and_mul_impl)
+_act_and_mul_op = LibraryOp("sk::act_and_mul", _act_and_mul_impl)
 
 
 @_act_and_mul_op.register_fake
@@ -238,8 +241,7 @@ def _act_and_mul_backward_impl(dy: torch.Tensor, x: torch.Tensor, activation: st
     return dx
 
 
-_act_and_mul_backward_op = torch.library.custom_op("sk::act_and_mul_backward", mutates_args=())(
-    _act_and_mul_backward_impl)
+_act_and_mul_backward_op = LibraryOp("sk::act_and_mul_backward", _act_and_mul_backward_impl)
 
 
 _act_and_mul_backward = direct_or_op(_act_and_mul_backward_op, _act_and_mul_backward_impl)
@@ -269,9 +271,11 @@ _act_and_mul_op.register_autograd(_backward, setup_context=_setup_context)
 _act_and_mul_call = eager_or_op(_act_and_mul_op, _act_and_mul_impl, _setup_context, _backward)
 
 
-@torch.library.custom_op("sk::act_and_mul_out", mutates_args=("out",))
-def _act_and_mul_out_op(out: torch.Tensor, x: torch.Tensor, activation: str) -> None:
+def _act_and_mul_out_impl(out: torch.Tensor, x: torch.Tensor, activation: str) -> None:
     _compute_into(out, x, activation)
+
+
+_act_and_mul_out_op = LibraryOp("sk::act_and_mul_out", _act_and_mul_out_impl, mutates_args=("out",))
 
 
 refuse_autograd_of_mutating_op(_act_and_mul_out_op, "sk.ops.silu_and_mul / sk.ops.gelu_and_mul without out=")
@@ -293,7 +297,11 @@ def _act_and_mul(op: str, x: torch.Tensor, activation: str, out: torch.Tensor | 
             f"got {tuple(out.shape)} {out.dtype}"
         )
     refuse_out_autograd(op, ("x", "out"), (x, out))
-    _act_and_mul_out_op(out, x, activation)
+    if direct(out, x):  # as the op would, but without its dispatch (_common.eager_or_op says what it costs)
+        _compute_into(out, x, activation)
+        bump_versions(out)
+    else:
+        _act_and_mul_out_op(out, x, activation)
     return out
 
 

@@ -31,9 +31,12 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sk import coverage, settings
 from sk.ops._common import (
+    LibraryOp,
+    bump_versions,
     check_float,
     check_same_device,
     check_writable,
+    direct,
     direct_or_op,
     eager_or_op,
     refuse_autograd_of_mutating_op,
@@ -298,7 +301,7 @@ def _rms_norm_impl(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_off
     return y
 
 
-_rms_norm_op = torch.library.custom_op("sk::rms_norm", mutates_args=())(_rms_norm_impl)
+_rms_norm_op = LibraryOp("sk::rms_norm", _rms_norm_impl)
 
 
 @_rms_norm_op.register_fake
@@ -326,7 +329,7 @@ def _rms_norm_backward_impl(
     return dx, dw
 
 
-_rms_norm_backward_op = torch.library.custom_op("sk::rms_norm_backward", mutates_args=())(_rms_norm_backward_impl)
+_rms_norm_backward_op = LibraryOp("sk::rms_norm_backward", _rms_norm_backward_impl)
 
 
 _norm_backward = direct_or_op(_rms_norm_backward_op, _rms_norm_backward_impl)
@@ -371,7 +374,7 @@ def _fused_add_rms_norm_impl(
     return y, res_out
 
 
-_fused_add_rms_norm_op = torch.library.custom_op("sk::fused_add_rms_norm", mutates_args=())(_fused_add_rms_norm_impl)
+_fused_add_rms_norm_op = LibraryOp("sk::fused_add_rms_norm", _fused_add_rms_norm_impl)
 
 
 @_fused_add_rms_norm_op.register_fake
@@ -407,8 +410,7 @@ _fused_add_rms_norm = eager_or_op(_fused_add_rms_norm_op, _fused_add_rms_norm_im
                                   _fused_add_rms_norm_setup_context, _fused_add_rms_norm_backward)
 
 
-@torch.library.custom_op("sk::fused_add_rms_norm_", mutates_args=("x", "residual"))
-def _fused_add_rms_norm_inplace_op(
+def _fused_add_rms_norm_inplace_impl(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float
 ) -> None:
     name = _coverage_name("fused_add_rms_norm", weight_offset)
@@ -425,6 +427,10 @@ def _fused_add_rms_norm_inplace_op(
         x.copy_(x2.view(x.shape))
     if r2.data_ptr() != residual.data_ptr():
         residual.copy_(r2.view(residual.shape))
+
+
+_fused_add_rms_norm_inplace_op = LibraryOp("sk::fused_add_rms_norm_", _fused_add_rms_norm_inplace_impl,
+                                           mutates_args=("x", "residual"))
 
 
 refuse_autograd_of_mutating_op(
@@ -485,6 +491,10 @@ def _fused_add_rms_norm_in_place(op: str, x, residual, weight, eps, weight_offse
         y, res_out = _fused_add_rms_norm(x.clone(), residual.clone(), weight, float(eps), weight_offset)
         residual.copy_(res_out)
         x.copy_(y)
+        return
+    if direct(x, residual, weight):  # as the op would, but without its dispatch (eager_or_op says what it costs)
+        _fused_add_rms_norm_inplace_impl(x, residual, weight, float(eps), weight_offset)
+        bump_versions(x, residual)
         return
     _fused_add_rms_norm_inplace_op(x, residual, weight, float(eps), weight_offset)
 

@@ -49,12 +49,36 @@ def profile_table(scenario: scenarios.Scenario, variant: str, rows: dict[str, di
         table.add_row(token, str(r["steps"] or "-"), f"{r['busy_us'] / 1e3:,.1f}",
                       *(f"{r['classes'][c]['us'] / 1e3:,.1f} ({r['classes'][c]['share'] * 100:.0f}%)" for c in CLASSES),
                       f"{r['idle_gap_us'] / 1e3:,.1f}", per_step)
+    caption = [f"host, {token}: {host_line(r['host'])}" for token, r in rows.items() if r.get("host")]
     overlapped = {token: r["overlapped_us"] for token, r in rows.items() if r.get("overlapped_us")}
     if overlapped:
-        table.caption = ("kernels that overlapped (dependent launches, streams) count once, for the one that began "
-                         "first: " + ", ".join(f"{token} {us / 1e3:,.1f} ms" for token, us in overlapped.items()))
+        caption.append("kernels that overlapped (dependent launches, streams) count once, for the one that began "
+                       "first: " + ", ".join(f"{token} {us / 1e3:,.1f} ms" for token, us in overlapped.items()))
+    if caption:
+        table.caption = "\n".join(caption)
         table.caption_justify = "left"
     return table
+
+
+def host_line(host: dict) -> str:
+    """A profiled batch's host side in words (sk.workflow.profile_worker.HostTimes)."""
+    steps = host["step_ms"]
+    first = f"first step {steps[0]:,.2f} ms, median {host['median_step_ms']:,.2f} ms, slowest {max(steps):,.2f} ms " \
+            f"in execute_model" if steps else "no engine step"
+    gc, writes = host["gc"], host["report_writes"]
+    return (f"{first}; {gc['count']} GC pauses, {gc['total_ms']:,.2f} ms (longest {gc['max_ms']:,.2f}); "
+            f"{writes['count']} report writes, {writes['total_ms']:,.2f} ms")
+
+
+def host_rows(host: dict | None) -> dict[str, float | None]:
+    """The host rows of `compare`, ms per batch (None where the profile recorded no host side: SGLang, older
+    files)."""
+    steps = (host or {}).get("step_ms") or []
+    return {"host: first step in execute_model (ms)": steps[0] if steps else None,
+            "host: median step in execute_model (ms)": host["median_step_ms"] if steps else None,
+            "host: slowest step in execute_model (ms)": max(steps) if steps else None,
+            "host: GC pauses, whole batch (ms)": host["gc"]["total_ms"] if host else None,
+            "host: report writes, whole batch (ms)": host["report_writes"]["total_ms"] if host else None}
 
 
 def compare(base: dict, cand: dict) -> list[dict]:
@@ -89,6 +113,8 @@ def compare(base: dict, cand: dict) -> list[dict]:
                           "gpus": (device_id(b_row), device_id(cand_rows[key])),
                           "kernels_per_step": (b["kernels_per_step"], c["kernels_per_step"]),
                           "graph_replay_us": (b.get("graph_replay_us"), c.get("graph_replay_us")),
+                          "host_ms": {name: (x, y) for (name, x), y in zip(host_rows(b.get("host")).items(),
+                                                                           host_rows(c.get("host")).values())},
                           "per_step_us": {name: (per_step(b, x), per_step(c, y)) for name, (x, y) in lines.items()},
                           "kernels": kernels})
     if not found:
@@ -126,6 +152,12 @@ def compare_tables(rows: list[dict], base_label: str, cand_label: str) -> list[T
 
     def diff(x: float | None, y: float | None) -> str:
         return "-" if x is None or y is None else f"{y - x:+,.1f}"
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:,.2f} ms"
+
+    def diff_ms(x: float | None, y: float | None) -> str:
+        return "-" if x is None or y is None else f"{y - x:+,.2f} ms"
     tables = []
     for r in rows:
         table = Table(title=f"PER ENGINE STEP   {r['model']} ({r['engine']})   {r['workload']}   "
@@ -141,6 +173,9 @@ def compare_tables(rows: list[dict], base_label: str, cand_label: str) -> list[T
         if replayed != (None, None):
             table.add_row("decode graph replayed (µs, no profiler)", "", us(replayed[0]), us(replayed[1]),
                           diff(*replayed), end_section=True)
+        host = {name: pair for name, pair in r["host_ms"].items() if pair != (None, None)}
+        for i, (name, (x, y)) in enumerate(host.items()):
+            table.add_row(name, "", ms(x), ms(y), diff_ms(x, y), end_section=i == len(host) - 1)
         for k in r["kernels"]:
             table.add_row(k["name"], k["class"], us(k["base_us"]), us(k["cand_us"]),
                           diff(k["base_us"], k["cand_us"]))

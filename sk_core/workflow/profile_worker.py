@@ -9,13 +9,20 @@ graph replays included; CPU: the CPU ops.
 with CUDA events: the model's forward on the GPU with neither the host's step loop nor a profiler in it (a
 profiler's per-kernel records change the gaps between a graph's kernels, and its host overhead hides what the
 step loop costs; results/h200/engines/README.md, 2026-12-06, late evening).
+
+While profiling, `HostTimes` also records the host's side of the batch in that process: each engine step's
+`execute_model` call (the host preparing and launching the step), the garbage collector's pauses, and the writes
+of our adapter report (`sk.reports`, a thread that holds the GIL while it builds the report): the pauses that make
+a step's window longer than its GPU time show up there, whichever code made them.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
 import tempfile
+import time
 
 import torch
 
@@ -58,6 +65,58 @@ def replay_median_us(graph, replays: int = GRAPH_REPLAYS, warmup: int = GRAPH_WA
     return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
 
 
+class HostTimes:
+    """The host's side of a profiled batch (module docstring): `step(seconds)` per engine step, the collector's
+    pauses through `gc.callbacks` from `start()` to `stop()`, and `summary()`."""
+
+    def __init__(self) -> None:
+        self.steps_ms: list[float] = []
+        self.gc_pauses: list[tuple[int, float]] = []  # (generation, ms)
+        self._gc_started: float | None = None
+        self.window: tuple[float, float | None] = (time.perf_counter(), None)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._gc_started = now
+        elif self._gc_started is not None:
+            self.gc_pauses.append((info.get("generation", -1), (now - self._gc_started) * 1e3))
+            self._gc_started = None
+
+    def start(self) -> "HostTimes":
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def step(self, seconds: float) -> None:
+        self.steps_ms.append(seconds * 1e3)
+
+    def stop(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        self.window = (self.window[0], time.perf_counter())
+
+    def summary(self, writes: list[tuple[float, float]] | None = None) -> dict:
+        """ms: each step's host time, the window, the collector's pauses (count, total, longest, per generation)
+        and the report writes inside the window (`writes`: (start, seconds) each; default this process's,
+        `sk.reports.write_intervals()`)."""
+        from sk import reports
+
+        start, end = self.window
+        end = time.perf_counter() if end is None else end
+        writes = reports.write_intervals() if writes is None else writes
+        writes = [s * 1e3 for t, s in writes if start <= t <= end]
+        generations: dict[str, int] = {}
+        for generation, _ in self.gc_pauses:
+            generations[str(generation)] = generations.get(str(generation), 0) + 1
+        pauses = [ms for _, ms in self.gc_pauses]
+        return {"window_ms": (end - start) * 1e3,
+                "step_ms": [round(ms, 3) for ms in self.steps_ms],
+                "median_step_ms": statistics.median(self.steps_ms) if self.steps_ms else None,
+                "gc": {"count": len(pauses), "total_ms": sum(pauses), "max_ms": max(pauses, default=0.0),
+                       "generations": generations},
+                "report_writes": {"count": len(writes), "total_ms": sum(writes), "max_ms": max(writes, default=0.0)}}
+
+
 class StepProfiler:
     """Methods mixed into the vLLM worker, called through LLM.collective_rpc."""
 
@@ -65,12 +124,16 @@ class StepProfiler:
         activities = [torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available()
                       else torch.profiler.ProfilerActivity.CPU]
         self._sk_steps = 0
+        self._sk_host = host = HostTimes().start()
         execute_model = type(self).execute_model
 
         def counted(*args, **kwargs):
+            started = time.perf_counter()
             output = execute_model(self, *args, **kwargs)
             scheduled = getattr(args[0] if args else None, "total_num_scheduled_tokens", 1)
-            self._sk_steps += bool(scheduled)  # steps that ran the model, not empty scheduler ticks
+            if scheduled:  # steps that ran the model, not empty scheduler ticks
+                self._sk_steps += 1
+                host.step(time.perf_counter() - started)
             return output
 
         self.execute_model = counted  # an instance attribute: the executor's calls by name find it first
@@ -82,6 +145,7 @@ class StepProfiler:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self._sk_profiler.__exit__(None, None, None)
+        self._sk_host.stop()
         del self.execute_model
         fd, path = tempfile.mkstemp(prefix="sk-profile-", suffix=".json")
         os.close(fd)
@@ -91,8 +155,9 @@ class StepProfiler:
                 trace = json.load(f)
         finally:
             os.unlink(path)
-        return summarize_trace(trace, steps=self._sk_steps, device="cuda" if torch.cuda.is_available() else "cpu",
-                               keep=keep and rank_path(keep, getattr(self, "rank", 0)))
+        summary = summarize_trace(trace, steps=self._sk_steps, device="cuda" if torch.cuda.is_available() else "cpu",
+                                  keep=keep and rank_path(keep, getattr(self, "rank", 0)))
+        return {**summary, "host": self._sk_host.summary()}
 
     def sk_graph_replay(self, batch_size: int, replays: int = GRAPH_REPLAYS) -> float | None:
         """Median µs of one replay of the FULL CUDA graph of a `batch_size` decode batch; None where there is none.

@@ -307,3 +307,52 @@ def test_a_trace_splits_into_engine_steps_at_the_marker_kernel():
     assert step_windows(trace) == [{"window_us": 100.0, "busy_us": 40.0, "kernels": 2},
                                    {"window_us": 50.0, "busy_us": 40.0, "kernels": 2}]
     assert step_windows(trace, marker="no_such_kernel") == []
+
+
+def test_the_host_side_of_a_profiled_batch_records_steps_collector_pauses_and_report_writes():
+    import gc
+    import time
+
+    from rich.console import Console
+
+    from sk.workflow import profile
+    from sk.workflow.profile_worker import HostTimes
+
+    writes = [(time.perf_counter() - 60.0, 0.5)]  # a report write before the batch: not its
+    host = HostTimes().start()
+    host.step(0.012)
+    host.step(0.003)
+    host.step(0.004)
+    gc.collect()  # a full collection: one pause of generation 2
+    writes.append((time.perf_counter(), 0.002))  # sk.reports.write_intervals()' record (tests/test_reports.py)
+    host.stop()
+    gc.collect()  # after stop: not counted
+    summary = host.summary(writes)
+    assert summary["step_ms"] == [12.0, 3.0, 4.0] and summary["median_step_ms"] == 4.0
+    gc_side = summary["gc"]  # the explicit full collection; an automatic young one may come too
+    assert gc_side["generations"].get("2") == 1 and gc_side["count"] == sum(gc_side["generations"].values())
+    assert gc_side["max_ms"] > 0 and gc_side["total_ms"] >= gc_side["max_ms"]
+    assert summary["report_writes"] == {"count": 1, "total_ms": 2.0, "max_ms": 2.0}
+    assert 0 < summary["window_ms"] < 6e4 and gc.callbacks.count(host._on_gc) == 0
+    assert "first step 12.00 ms, median 4.00 ms, slowest 12.00 ms" in profile.host_line(summary)
+
+    base = summarize_trace([{"ph": "X", "cat": "kernel", "name": "nvjet_a", "ts": 0.0, "dur": 10.0}], steps=3)
+
+    def document(variant, host_side):
+        workload = base | ({"host": host_side} if host_side else {})
+        return {"schema": profile.SCHEMA, "date": "2026-12-07T00:00:00+00:00", "variant": variant,
+                "scenarios": [{"scenario": {"model": "sk-tiny/qwen3", "engine": "vllm"},
+                               "workloads": {"LLM.decode_batch_32": workload}}]}
+    slower = summary | {"step_ms": [19.5, 3.0, 4.0]}
+    (row,) = profile.compare(document("stock", summary), document("ours", slower))
+    assert row["host_ms"]["host: first step in execute_model (ms)"] == (12.0, 19.5)
+    console = Console(width=300, record=True)
+    for table in profile.compare_tables([row], "stock", "ours"):
+        console.print(table)
+    assert "+7.50 ms" in console.export_text()
+    (row,) = profile.compare(document("stock", None), document("ours", None))  # SGLang's profiles, older files
+    assert set(row["host_ms"].values()) == {(None, None)}
+    console = Console(width=300, record=True)
+    for table in profile.compare_tables([row], "stock", "ours"):
+        console.print(table)
+    assert "host:" not in console.export_text()

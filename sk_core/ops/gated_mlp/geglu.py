@@ -44,7 +44,7 @@ import torch
 
 from sk import coverage, settings
 from sk.ops import weight_cache
-from sk.ops._common import FLOAT_DTYPES, check_float, check_same_device
+from sk.ops._common import FLOAT_DTYPES, LibraryOp, check_float, check_same_device
 from sk.ops._step_graphs import StepGraphs
 from sk.ops.act_and_mul import launch as _act_launch
 from sk.ops.gated_mlp import geglu_kernels as gk
@@ -178,9 +178,8 @@ def ln_backward(dxn: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, stats: tor
 
 # Custom ops of their own so that the backward traces (torch.compile) and decides per call; eager backwards
 # call the functions directly (see `is_eager`).
-backward_act_op = torch.library.custom_op(
-    "sk::fused_pre_norm_geglu_backward_act", mutates_args=())(backward_act)
-ln_backward_op = torch.library.custom_op("sk::fused_pre_norm_geglu_backward_ln", mutates_args=())(ln_backward)
+backward_act_op = LibraryOp("sk::fused_pre_norm_geglu_backward_act", backward_act)
+ln_backward_op = LibraryOp("sk::fused_pre_norm_geglu_backward_ln", ln_backward)
 
 
 @backward_act_op.register_fake
@@ -320,7 +319,7 @@ def _forward_cublas(x, ln_w, ln_b, wg, bg, wu, bu, both, wd, bd, eps, approximat
     return torch.addmm(residual, h, wd.t()), stats, xn, gu
 
 
-geglu_op = torch.library.custom_op("sk::fused_pre_norm_geglu", mutates_args=())(_forward)
+geglu_op = LibraryOp("sk::fused_pre_norm_geglu", _forward)
 
 
 @geglu_op.register_fake

@@ -31,7 +31,7 @@ import torch
 
 from sk import coverage
 from sk.ops import weight_cache
-from sk.ops._common import FLOAT_DTYPES, attach_reference_backward, check_float, check_same_device
+from sk.ops._common import FLOAT_DTYPES, LibraryOp, attach_reference_backward, check_float, check_same_device
 from sk.ops.gated_mlp import triton_kernels
 from sk.ops.gated_mlp.common import is_eager
 
@@ -79,7 +79,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
     return triton_kernels.linear_kernels(tma(x), tma(w), b)
 
 
-_op = torch.library.custom_op("sk::linear", mutates_args=())(_forward)
+_op = LibraryOp("sk::linear", _forward)
 
 
 @_op.register_fake

@@ -21,7 +21,7 @@ import torch
 
 from sk import coverage
 from sk.ops import weight_cache
-from sk.ops._common import FLOAT_DTYPES, attach_reference_backward, check_float, check_same_device
+from sk.ops._common import FLOAT_DTYPES, LibraryOp, attach_reference_backward, check_float, check_same_device
 from sk.ops.gated_mlp import triton_kernels
 from sk.ops.gated_mlp.common import is_eager
 from sk.ops.gated_mlp.reference import ACTIVATIONS, NORMS, gated_mlp_reference
@@ -150,7 +150,7 @@ def _composed(x, residual, norm_weight, gate_up_weight, gate_up_bias, down_weigh
     return torch.nn.functional.linear(a, cast(down_weight), cast(down_bias)), h
 
 
-_op = torch.library.custom_op("sk::fused_gated_mlp", mutates_args=())(_forward)
+_op = LibraryOp("sk::fused_gated_mlp", _forward)
 
 
 @_op.register_fake
