@@ -1,8 +1,8 @@
 """Host time of one op call through each way of registering a PyTorch operator, on the CPU, no kernel run:
 
-- a `torch.library.custom_op` (how sk.ops registers its ops today) that does nothing,
+- a `torch.library.custom_op` (how sk.ops registered its ops before 2026-12-07) that does nothing,
 - the same schema defined with `torch.library.Library` and a backend-key implementation that does nothing (how
-  vLLM's `direct_register_custom_op` registers its Python ops),
+  vLLM's `direct_register_custom_op` registers its Python ops, and sk.ops' `LibraryOp` since),
 - sk.ops' own `torch.ops.sk.fused_add_rms_norm_` (what vLLM's compiled code calls per norm) with its coverage
   decision and kernel launch stubbed out: the dispatch and wrapper cost alone,
 
