@@ -14,8 +14,9 @@ tensors under `torch.inference_mode` as the engines' forwards run:
 - beside them, what a stock layer's host runs for the same work: `F.linear` alone, and vLLM's `_C` norm and
   activation between the two GEMMs where vLLM is installed (else PyTorch's eager ops).
 
-"GPU µs" is the GPU's time per call over the same loop (CUDA events around it): where it comes near the host's,
-the loop was GPU-bound and the host figure is an upper bound.
+"GPU µs" is the same call's kernels alone: 20 calls captured in a CUDA graph, replayed between CUDA events, per
+call. Where the host's µs exceed it, an eager step of such calls waits on the host (as every case here does on
+purpose); the difference is what the host adds per call.
 
     python benchmarks/op_host_path.py [--out DIR] [--calls N]
 """
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 import sk
+from sk.bench.timing import host_us_per_call
 
 D_MODEL, D_FF = 512, 1024
 
@@ -49,23 +50,21 @@ def _row_scale_kernel(x_ptr, x_stride, r_ptr, r_stride, w_ptr, y_ptr, y_stride, 
     tl.store(y_ptr + row * y_stride + cols, x * (eps + offset), mask=mask)
 
 
-def time_calls(fn, calls: int, repeats: int = 5) -> tuple[float, float]:
-    """(host µs, GPU µs) per call: medians over `repeats` loops of `calls` calls, after one untimed loop."""
-    for _ in range(calls // 10 + 1):
-        fn()
-    torch.cuda.synchronize()
-    host, gpu = [], []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        t = time.perf_counter()
+def graph_us(fn, calls: int = 20, replays: int = 20) -> float:
+    """The GPU's µs per call with no host in it: `calls` calls captured in one CUDA graph, replayed `replays`
+    times between two CUDA events."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
-        host.append((time.perf_counter() - t) / calls * 1e6)
-        end.record()
-        torch.cuda.synchronize()
-        gpu.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(host), statistics.median(gpu)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (calls * replays)
 
 
 def stock_sequence():
@@ -134,8 +133,9 @@ def main() -> None:
         results = []
         with sk.coverage.strict():  # every call of ours takes its kernels, never the reference
             for name, fn in cases.items():
-                host, gpu = time_calls(fn, args.calls)
-                results.append({"case": name, "host_us": host, "gpu_us": gpu})
+                # Its warm-up calls compile every Triton specialization before the capture.
+                host = host_us_per_call(fn, calls=args.calls, repeats=5, warmup_calls=args.calls // 10 + 1)
+                results.append({"case": name, "host_us": host, "gpu_us": graph_us(fn)})
     environment = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                    "triton": triton.__version__, "python": platform.python_version(),
                    "cpu": platform.processor() or platform.machine(), "d_model": D_MODEL, "d_ff": D_FF,

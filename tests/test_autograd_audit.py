@@ -455,5 +455,41 @@ def test_eager_training_calls_skip_the_custom_op_dispatch_with_the_same_bits(nam
         assert torch.equal(a, b)
     for a, b in zip(fast_grads, dispatched_grads):
         assert (a is None and b is None) or torch.equal(a, b)
-    with torch.no_grad():  # inference keeps the custom op: no autograd to skip
+    with torch.no_grad():
         assert EAGER_CALLS[name](x, r, w)[0].grad_fn is None
+
+
+@pytest.mark.parametrize("name", EAGER_CALLS)
+def test_eager_inference_calls_skip_the_dispatch_with_the_same_bits(name):
+    # Without a gradient wanted, a plain eager call runs the implementation itself; under a dispatch mode the
+    # op's dispatch runs instead (the mode sees it). Same kernels: the same bits either way.
+    gen = torch.Generator().manual_seed(seed_of("eager inference", name))
+    x, r = (torch.randn(5, 33, generator=gen).to(KERNEL_DEVICE) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(33, generator=gen)).to(KERNEL_DEVICE)
+    mode = _PassThrough()
+    with torch.no_grad():
+        fast = EAGER_CALLS[name](x, r, w)
+        with mode:
+            dispatched = EAGER_CALLS[name](x, r, w)
+    assert any(op.startswith("sk.") for op in mode.ops), mode.ops
+    for a, b in zip(fast, dispatched):
+        assert torch.equal(a, b)
+
+
+def test_in_place_forms_without_the_dispatch_still_advance_the_version_counters():
+    # What the dispatch of an op that writes into its arguments does, the direct eager call does too: autograd's
+    # checks of saved tensors and sk.ops.weight_cache read the counters.
+    x, r = torch.randn(3, 64).to(KERNEL_DEVICE), torch.randn(3, 64).to(KERNEL_DEVICE)
+    before = (x._version, r._version)
+    with torch.no_grad():
+        sk.ops.fused_add_rms_norm_(x, r, torch.ones(64).to(KERNEL_DEVICE))
+    assert x._version > before[0] and r._version > before[1]
+    out = torch.empty(3, 32).to(KERNEL_DEVICE)
+    before = out._version
+    sk.ops.silu_and_mul(torch.randn(3, 64).to(KERNEL_DEVICE), out=out)
+    assert out._version > before
+    mode = _PassThrough()
+    with mode, torch.no_grad():  # and so does the dispatch of the ops, registered through torch.library.Library
+        before = (x._version, r._version)
+        sk.ops.fused_add_rms_norm_(x, r, torch.ones(64).to(KERNEL_DEVICE))
+    assert "sk.fused_add_rms_norm_.default" in mode.ops and x._version > before[0] and r._version > before[1]

@@ -344,7 +344,10 @@ def _engine(scenario_file: str, scenario: scenarios.Scenario, out_dir: Path, wit
     """One scenario row's engine in profile mode (stock, or ours with `with_sk`), `slot` of `engines` sharing the
     device (a context manager: ended on exit)."""
     stem = Path(scenario_file).stem
-    env = {settings.env_name("adapters"): scenario.engine} if with_sk else {}
+    # Ours as `sk eval` and `sk-serve` run it: its per-process reports kept written (the writer thread's cost is
+    # in the profile too), here under `out_dir`/reports.
+    env = {settings.env_name("adapters"): scenario.engine,
+           settings.env_name("report_dir"): str((out_dir / "reports").resolve())} if with_sk else {}
     return EngineProcess(
         scenario, label=f"profile {scenario.model} ({_variant_label(with_sk)})", env=env, progress=progress,
         mode="profile", enforce_eager=enforce_eager, max_layers=max_layers, max_requests=max_requests, slot=slot,

@@ -160,7 +160,11 @@ def test_profile_both_tabulates_each_batch_keeps_its_trace_and_compares_on_one_d
         assert again["kernels"] == row["kernels"] and again["classes"] == row["classes"]
         # Eager on the CPU: no CUDA graph to replay, said as None, and nothing paired.
         assert row["graph_replay_us"] is None and "graph_replay_paired" not in row
+        # The host's side of the batch: one host time per engine step; ours wrote its reports as sk eval's does.
+        assert len(row["host"]["step_ms"]) == row["steps"] and row["host"]["gc"]["count"] >= 0
+        assert bool(list((work / out / folder / "reports").glob("vllm-*.json"))) is (folder == "sk")
     compared = " ".join((work / out / "tiny.compare.txt").read_text().split())
+    assert "host: first step in execute_model" in compared
     assert compared.startswith("$ sk profile --compare ") and "PER ENGINE STEP" in compared
     assert "decode graph replayed" not in compared
     assert ("DECODE GRAPHS REPLAYED IN PAIRS" in compared and "no decode graph to replay" in compared) is side_by_side
