@@ -195,9 +195,9 @@ class LibraryOp:
     aliasing check, a Dynamo-disabled frame): twice the dispatch's host time, 5.1 against 2.5 µs on inference
     tensors (results/h100/engines/2026-12-07/op_dispatch_overhead-cpu.txt), paid at each call compiled code makes
     (vLLM's eagerly run prefill calls ours from Inductor's wrapper). What custom_op registers besides, for the
-    ops here: the fake (`register_fake`; one that does nothing for an op that returns nothing) and, for an op that
-    writes into its arguments, an ADInplaceOrView kernel that advances the written tensors' version counters (autograd's checks of saved tensors and
-    `sk.ops.weight_cache` read them).
+    ops here: the fake (`register_fake`; one that does nothing for an op that returns nothing) and, for an op
+    that writes into its arguments, an ADInplaceOrView kernel that advances the written tensors' version
+    counters (autograd's checks of saved tensors and `sk.ops.weight_cache` read them).
     """
 
     def __init__(self, qualname: str, impl: Callable, *, mutates_args: Sequence[str] = ()):
@@ -239,12 +239,12 @@ _guard_libraries: list[torch.library.Library] = []
 
 
 def refuse_autograd_of_mutating_op(op: LibraryOp, instead: str) -> None:
-    """Make a custom op that writes into its arguments raise when called with grad mode on and an input that
-    requires grad.
+    """Make an op that writes into its arguments raise when called with grad mode on and an input that requires
+    grad.
 
-    torch attaches no autograd formula to mutating custom ops (register_autograd refuses them), and their generated
-    autograd kernel leaves the written tensors' history as it was: silently wrong gradients. This Autograd kernel
-    replaces it. The public functions send training calls to the functional op or refuse them first, so only a
+    torch attaches no autograd formula to mutating ops (register_autograd refuses them), and what runs at their
+    Autograd key without one leaves the written tensors' history as it was: silently wrong gradients. This
+    Autograd kernel is registered there instead. The public functions send training calls to the functional op or refuse them first, so only a
     direct call of the raw op (`torch.ops.sk.*`) with a gradient wanted reaches the error here.
     """
     overload = op.opoverload
@@ -259,12 +259,12 @@ def refuse_autograd_of_mutating_op(op: LibraryOp, instead: str) -> None:
                     f"with grad mode on, but this op writes in place without recording autograd history; for "
                     f"training call {instead}."
                 )
-        # As torch's generated kernel does without a gradient: continue below the Autograd keys.
+        # As an Autograd kernel does without a gradient: continue below the Autograd keys.
         with torch._C._AutoDispatchBelowAutograd():
             return overload.redispatch(keyset & torch._C._after_autograd_keyset, *args)
 
     namespace, name = overload._schema.name.split("::")
     lib = torch.library.Library(namespace, "FRAGMENT")
-    # torch registers custom ops' own Autograd kernel from Python as well (2.11 refuses a second one unless told).
+    # Replacing one already there (torch.library.custom_op's ops have one) needs allow_override in torch 2.11.
     lib.impl(name, autograd_kernel, "Autograd", with_keyset=True, allow_override=True)
     _guard_libraries.append(lib)  # a Library's registrations last as long as the object
