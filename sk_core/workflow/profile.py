@@ -14,7 +14,10 @@ first, each with its share of the device as `sk eval` pairs them, and profiles o
 Beside each latency workload's profile, vLLM's decode step on the GPU alone: its FULL CUDA graph of the batch,
 replayed back to back between CUDA events (sk.workflow.profile_worker), with neither the profiler nor the host's
 step loop in it. With `--side-by-side` the two engines' graphs are also replayed in paired rounds (A B B A ..., as
-`sk eval` times batches), which gives the ratio of their GPU time per step with an interval.
+`sk eval` times batches), which gives the ratio of their GPU time per step with an interval. And the host's side of
+each vLLM batch (`host`: each step's `execute_model` time, the garbage collector's pauses, our report writes;
+sk.workflow.profile_worker.HostTimes), for a step whose window grows while its GPU time does not. Ours runs as
+`sk eval` runs it, its reports kept written (under OUT/reports/).
 """
 from __future__ import annotations
 
