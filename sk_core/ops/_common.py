@@ -62,10 +62,10 @@ def bump_versions(*written: torch.Tensor) -> None:
             torch.autograd.graph.increment_version(t)
 
 
-def eager_or_op(op: Callable, impl: Callable, setup_context: Callable, backward: Callable) -> Callable:
-    """A call of custom op `op` (made from `impl`, with `setup_context` and `backward` registered as its autograd)
-    that runs as its `eager_function` where `eager_autograd` allows, as `impl` itself where no gradient is wanted
-    and `direct` allows (torch.library's dispatch alone costs 5 µs of host time a call on inference tensors, 20
+def eager_or_op(op: "LibraryOp", impl: Callable, setup_context: Callable, backward: Callable) -> Callable:
+    """A call of op `op` (made from `impl`, with `setup_context` and `backward` registered as its autograd) that
+    runs as its `eager_function` where `eager_autograd` allows, as `impl` itself where no gradient is wanted and
+    `direct` allows (`LibraryOp.run`; torch.library's dispatch alone costs 5 µs of host time a call on inference tensors, 20
     µs in grad mode: results/h100/engines/2026-12-07/op_dispatch_overhead-cpu.txt), and as `op` elsewhere."""
     function = eager_function(impl, setup_context, backward)
 
@@ -73,7 +73,7 @@ def eager_or_op(op: Callable, impl: Callable, setup_context: Callable, backward:
         tensors = _tensors(args)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return function.apply(*args) if eager_autograd(*tensors) else op(*args)
-        return impl(*args) if direct(*tensors) else op(*args)
+        return op.run(*args)
     return call
 
 
@@ -207,14 +207,27 @@ class LibraryOp:
         schema = torch.library.infer_schema(impl, mutates_args=tuple(mutates_args))
         self._lib.define(self.name + schema, tags=(torch.Tag.pt2_compliant_tag,))
         self._lib.impl(self.name, impl, "CompositeExplicitAutograd")
+        self._impl = impl
         self.opoverload = getattr(getattr(torch.ops, namespace), self.name).default
         self.__doc__ = impl.__doc__
-        if mutates_args:
+        self._written = [i for i, a in enumerate(self.opoverload._schema.arguments)
+                         if a.alias_info is not None and a.alias_info.is_write]
+        if self._written:
             self._register_version_bump()
         if not self.opoverload._schema.returns:  # writes into its arguments only: its fake does nothing
             self.register_fake(lambda *args: None)
 
     def __call__(self, *args):
+        return self.opoverload(*args)
+
+    def run(self, *args):
+        """A call from eager code that wants no gradient: the implementation itself where `direct` allows (the
+        dispatch skipped, the written arguments' version counters advanced as its dispatch would; eager_or_op says
+        what that saves), else the op through its dispatch."""
+        if direct(*_tensors(args)):
+            out = self._impl(*args)
+            bump_versions(*(args[i] for i in self._written))
+            return out
         return self.opoverload(*args)
 
     def register_fake(self, fake: Callable) -> Callable:
@@ -225,9 +238,7 @@ class LibraryOp:
         torch.library.register_autograd(self.qualname, backward, setup_context=setup_context, lib=self._lib)
 
     def _register_version_bump(self) -> None:
-        schema = self.opoverload._schema
-        written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-        op, below = self.opoverload, torch._C._after_ADInplaceOrView_keyset
+        written, op, below = self._written, self.opoverload, torch._C._after_ADInplaceOrView_keyset
 
         def bump_then_redispatch(keyset, *args):
             bump_versions(*(args[i] for i in written))

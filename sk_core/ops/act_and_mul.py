@@ -19,10 +19,8 @@ import triton.language as tl
 from sk import coverage
 from sk.ops._common import (
     LibraryOp,
-    bump_versions,
     check_float,
     check_same_device,
-    direct,
     direct_or_op,
     eager_or_op,
     refuse_autograd_of_mutating_op,
@@ -297,11 +295,7 @@ def _act_and_mul(op: str, x: torch.Tensor, activation: str, out: torch.Tensor | 
             f"got {tuple(out.shape)} {out.dtype}"
         )
     refuse_out_autograd(op, ("x", "out"), (x, out))
-    if direct(out, x):  # as the op would, but without its dispatch (_common.eager_or_op says what it costs)
-        _compute_into(out, x, activation)
-        bump_versions(out)
-    else:
-        _act_and_mul_out_op(out, x, activation)
+    _act_and_mul_out_op.run(out, x, activation)
     return out
 
 

@@ -32,11 +32,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from sk import coverage, settings
 from sk.ops._common import (
     LibraryOp,
-    bump_versions,
     check_float,
     check_same_device,
     check_writable,
-    direct,
     direct_or_op,
     eager_or_op,
     refuse_autograd_of_mutating_op,
@@ -492,11 +490,7 @@ def _fused_add_rms_norm_in_place(op: str, x, residual, weight, eps, weight_offse
         residual.copy_(res_out)
         x.copy_(y)
         return
-    if direct(x, residual, weight):  # as the op would, but without its dispatch (eager_or_op says what it costs)
-        _fused_add_rms_norm_inplace_impl(x, residual, weight, float(eps), weight_offset)
-        bump_versions(x, residual)
-        return
-    _fused_add_rms_norm_inplace_op(x, residual, weight, float(eps), weight_offset)
+    _fused_add_rms_norm_inplace_op.run(x, residual, weight, float(eps), weight_offset)
 
 
 def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:

@@ -103,6 +103,7 @@ def compare(base: dict, cand: dict) -> list[dict]:
             c = cand_rows[key]["workloads"].get(token)
             if c is None:
                 continue
+            c_host = host_rows(c.get("host"))
             lines = {"busy": (b["busy_us"], c["busy_us"]), "idle gaps": (b["idle_gap_us"], c["idle_gap_us"]),
                      **{cls: (b["classes"][cls]["us"], c["classes"][cls]["us"]) for cls in CLASSES}}
             b_top = {k["name"]: k for k in b["top_kernels"]}
@@ -116,8 +117,7 @@ def compare(base: dict, cand: dict) -> list[dict]:
                           "gpus": (device_id(b_row), device_id(cand_rows[key])),
                           "kernels_per_step": (b["kernels_per_step"], c["kernels_per_step"]),
                           "graph_replay_us": (b.get("graph_replay_us"), c.get("graph_replay_us")),
-                          "host_ms": {name: (x, y) for (name, x), y in zip(host_rows(b.get("host")).items(),
-                                                                           host_rows(c.get("host")).values())},
+                          "host_ms": {name: (x, c_host[name]) for name, x in host_rows(b.get("host")).items()},
                           "per_step_us": {name: (per_step(b, x), per_step(c, y)) for name, (x, y) in lines.items()},
                           "kernels": kernels})
     if not found:

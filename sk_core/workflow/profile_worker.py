@@ -123,7 +123,6 @@ class StepProfiler:
     def sk_profile_start(self) -> None:
         activities = [torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available()
                       else torch.profiler.ProfilerActivity.CPU]
-        self._sk_steps = 0
         self._sk_host = host = HostTimes().start()
         execute_model = type(self).execute_model
 
@@ -132,7 +131,6 @@ class StepProfiler:
             output = execute_model(self, *args, **kwargs)
             scheduled = getattr(args[0] if args else None, "total_num_scheduled_tokens", 1)
             if scheduled:  # steps that ran the model, not empty scheduler ticks
-                self._sk_steps += 1
                 host.step(time.perf_counter() - started)
             return output
 
@@ -155,7 +153,7 @@ class StepProfiler:
                 trace = json.load(f)
         finally:
             os.unlink(path)
-        summary = summarize_trace(trace, steps=self._sk_steps, device="cuda" if torch.cuda.is_available() else "cpu",
+        summary = summarize_trace(trace, steps=len(self._sk_host.steps_ms), device="cuda" if torch.cuda.is_available() else "cpu",
                                   keep=keep and rank_path(keep, getattr(self, "rank", 0)))
         return {**summary, "host": self._sk_host.summary()}
 
