@@ -11,6 +11,8 @@ tensors under `torch.inference_mode` as the engines' forwards run:
 - the fused block at 8 rows (the fused kernels) and at 1,024 rows (our norm and activation kernels around
   cuBLAS's two GEMMs);
 - a Triton kernel of the same arity as our norm's, launched through Triton's JIT as ours are: Triton's part;
+  and the same compiled kernel launched through its compiled launcher (`CompiledKernel[grid](*args)`, as
+  Inductor's generated code does): what skipping the JIT's argument binding and cache lookup would save;
 - beside them, what a stock layer's host runs for the same work: `F.linear` alone, and vLLM's `_C` norm and
   activation between the two GEMMs where vLLM is installed (else PyTorch's eager ops).
 
@@ -112,8 +114,17 @@ def main() -> None:
         def triton_launch():
             _row_scale_kernel[(x.shape[0],)](x, x.stride(0), r, r.stride(0), w, y, y.stride(0), y, y.stride(0),
                                              x.shape[0], x.shape[1], 1e-6, 0.0, HAS_RESIDUAL=True, BLOCK_N=512)
+        compiled = _row_scale_kernel[(x.shape[0],)](x, x.stride(0), r, r.stride(0), w, y, y.stride(0), y,
+                                                     y.stride(0), x.shape[0], x.shape[1], 1e-6, 0.0,
+                                                     HAS_RESIDUAL=True, BLOCK_N=512)
+        launcher = compiled[(x.shape[0], 1, 1)]
+
+        def compiled_launch():
+            launcher(x, x.stride(0), r, r.stride(0), w, y, y.stride(0), y, y.stride(0), x.shape[0], x.shape[1],
+                     1e-6, 0.0, True, 512)
         cases = {
             "a Triton kernel with 13 arguments, launched as ours are (JIT)": triton_launch,
+            "the same kernel through its compiled launcher": compiled_launch,
             "F.linear, 1024 rows (one cuBLAS GEMM)": lambda: F.linear(x, gu),
             "torch.ops.sk.rms_norm": lambda: op.rms_norm.default(x, w, 1e-6, 0.0),
             "sk.ops.rms_norm": lambda: sk.ops.rms_norm(x, w, 1e-6),

@@ -68,9 +68,12 @@ def host_line(host: dict) -> str:
     steps = host["step_ms"]
     first = f"first step {steps[0]:,.2f} ms, median {host['median_step_ms']:,.2f} ms, slowest {max(steps):,.2f} ms " \
             f"in execute_model" if steps else "no engine step"
-    gc, writes = host["gc"], host["report_writes"]
+    gc, writes, allocator = host["gc"], host["report_writes"], host.get("allocator")
+    memory = ("" if allocator is None else
+              f"; CUDA allocator: {allocator['device_allocs']} cudaMalloc, {allocator['device_frees']} cudaFree, "
+              f"{allocator['alloc_retries']} retries")
     return (f"{first}; {gc['count']} GC pauses, {gc['total_ms']:,.2f} ms (longest {gc['max_ms']:,.2f}); "
-            f"{writes['count']} report writes, {writes['total_ms']:,.2f} ms")
+            f"{writes['count']} report writes, {writes['total_ms']:,.2f} ms{memory}")
 
 
 def host_rows(host: dict | None) -> dict[str, float | None]:

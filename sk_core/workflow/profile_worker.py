@@ -12,8 +12,10 @@ step loop costs; results/h200/engines/README.md, 2026-12-06, late evening).
 
 While profiling, `HostTimes` also records the host's side of the batch in that process: each engine step's
 `execute_model` call (the host preparing and launching the step), the garbage collector's pauses, and the writes
-of our adapter report (`sk.reports`, a thread that holds the GIL while it builds the report): the pauses that make
-a step's window longer than its GPU time show up there, whichever code made them.
+of our adapter report (`sk.reports`, a thread that holds the GIL while it builds the report), and what PyTorch's
+CUDA caching allocator did in the batch (device allocations and frees, retries after a failed allocation, syncs of
+all streams: a `cudaFree` waits for the whole device, a host stall with no GPU time in it): the pauses that make a
+step's window longer than its GPU time show up there, whichever code made them.
 """
 from __future__ import annotations
 
@@ -65,15 +67,25 @@ def replay_median_us(graph, replays: int = GRAPH_REPLAYS, warmup: int = GRAPH_WA
     return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
 
 
+# torch.cuda.memory_stats() counters HostTimes reports the change of, by the names its summary gives them.
+ALLOCATOR_COUNTERS = {"device_allocs": "num_device_alloc", "device_frees": "num_device_free",
+                      "alloc_retries": "num_alloc_retries", "syncs_all_streams": "num_sync_all_streams"}
+
+
 class HostTimes:
     """The host's side of a profiled batch (module docstring): `step(seconds)` per engine step, the collector's
-    pauses through `gc.callbacks` from `start()` to `stop()`, and `summary()`."""
+    pauses through `gc.callbacks` and the caching allocator's counters (`memory_stats`, default
+    `torch.cuda.memory_stats` where CUDA is up, else none) from `start()` to `stop()`, and `summary()`."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory_stats=None) -> None:
         self.steps_ms: list[float] = []
         self.gc_pauses: list[tuple[int, float]] = []  # (generation, ms)
         self._gc_started: float | None = None
         self.window: tuple[float, float | None] = (time.perf_counter(), None)
+        if memory_stats is None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            memory_stats = torch.cuda.memory_stats
+        self._memory_stats = memory_stats
+        self._allocator: list[dict] = []  # the counters at start and at stop
 
     def _on_gc(self, phase: str, info: dict) -> None:
         now = time.perf_counter()
@@ -83,7 +95,13 @@ class HostTimes:
             self.gc_pauses.append((info.get("generation", -1), (now - self._gc_started) * 1e3))
             self._gc_started = None
 
+    def _count_allocator(self) -> None:
+        if self._memory_stats is not None:
+            stats = self._memory_stats()
+            self._allocator.append({name: stats.get(key, 0) for name, key in ALLOCATOR_COUNTERS.items()})
+
     def start(self) -> "HostTimes":
+        self._count_allocator()
         gc.callbacks.append(self._on_gc)
         return self
 
@@ -94,11 +112,13 @@ class HostTimes:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
         self.window = (self.window[0], time.perf_counter())
+        self._count_allocator()
 
     def summary(self, writes: list[tuple[float, float]] | None = None) -> dict:
         """ms: each step's host time, the window, the collector's pauses (count, total, longest, per generation)
         and the report writes inside the window (`writes`: (start, seconds) each; default this process's,
-        `sk.reports.write_intervals()`)."""
+        `sk.reports.write_intervals()`); `allocator`: the allocator's counters' change from start to stop (None
+        without CUDA, or before stop)."""
         from sk import reports
 
         start, end = self.window
@@ -114,7 +134,9 @@ class HostTimes:
                 "median_step_ms": statistics.median(self.steps_ms) if self.steps_ms else None,
                 "gc": {"count": len(pauses), "total_ms": sum(pauses), "max_ms": max(pauses, default=0.0),
                        "generations": generations},
-                "report_writes": {"count": len(writes), "total_ms": sum(writes), "max_ms": max(writes, default=0.0)}}
+                "report_writes": {"count": len(writes), "total_ms": sum(writes), "max_ms": max(writes, default=0.0)},
+                "allocator": ({name: self._allocator[1][name] - self._allocator[0][name] for name in ALLOCATOR_COUNTERS}
+                              if len(self._allocator) == 2 else None)}
 
 
 class StepProfiler:

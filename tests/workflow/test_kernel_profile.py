@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from sk.workflow.kernel_profile import CLASSES, classify, load_trace, summarize_trace
 
@@ -319,7 +320,9 @@ def test_the_host_side_of_a_profiled_batch_records_steps_collector_pauses_and_re
     from sk.workflow.profile_worker import HostTimes
 
     writes = [(time.perf_counter() - 60.0, 0.5)]  # a report write before the batch: not its
-    host = HostTimes().start()
+    counters = iter([{"num_device_alloc": 10, "num_device_free": 2, "num_alloc_retries": 0},
+                     {"num_device_alloc": 13, "num_device_free": 3, "num_alloc_retries": 1}])
+    host = HostTimes(memory_stats=lambda: next(counters)).start()  # torch.cuda.memory_stats' keys
     host.step(0.012)
     host.step(0.003)
     host.step(0.004)
@@ -334,7 +337,14 @@ def test_the_host_side_of_a_profiled_batch_records_steps_collector_pauses_and_re
     assert gc_side["max_ms"] > 0 and gc_side["total_ms"] >= gc_side["max_ms"]
     assert summary["report_writes"] == {"count": 1, "total_ms": 2.0, "max_ms": 2.0}
     assert 0 < summary["window_ms"] < 6e4 and gc.callbacks.count(host._on_gc) == 0
+    assert summary["allocator"] == {"device_allocs": 3, "device_frees": 1, "alloc_retries": 1,
+                                    "syncs_all_streams": 0}
     assert "first step 12.00 ms, median 4.00 ms, slowest 12.00 ms" in profile.host_line(summary)
+    assert "CUDA allocator: 3 cudaMalloc, 1 cudaFree, 1 retries" in profile.host_line(summary)
+    if not torch.cuda.is_available():  # no CUDA: not measured, rather than zero
+        bare = HostTimes().start()
+        bare.stop()
+        assert bare.summary([])["allocator"] is None
 
     base = summarize_trace([{"ph": "X", "cat": "kernel", "name": "nvjet_a", "ts": 0.0, "dur": 10.0}], steps=3)
 
