@@ -193,6 +193,10 @@ class VllmEngine:
         """Median µs of one replay of rank 0's FULL CUDA graph of a `batch_size` decode batch (profile mode)."""
         return self.rank0("sk_graph_replay", batch_size)
 
+    def graph_clocks(self, batch_size: int) -> dict | None:
+        """Rank 0's card under that graph replayed (sk.workflow.profile_worker.clocks_under)."""
+        return self.rank0("sk_graph_clocks", batch_size)
+
     def candidates_replaced(self):
         return self.rank0("sk_candidates_replaced")
 
@@ -312,6 +316,9 @@ class SglangEngine:
     def graph_replay(self, batch_size: int) -> None:
         return None  # SGLang's graphs live in its scheduler process, which takes no such call
 
+    def graph_clocks(self, batch_size: int) -> None:
+        return None
+
     def candidates_replaced(self):
         return None
 
@@ -407,6 +414,12 @@ class Server:
         if spec.purpose is not Purpose.LATENCY:
             return None
         return self.engine.graph_replay(spec.batch_size)
+
+    def graph_clocks(self, workload: str) -> dict | None:
+        """The card's clocks and power while that decode graph replays (as `graph_replay`: None where there is
+        none)."""
+        spec = resolve(workload).spec
+        return self.engine.graph_clocks(spec.batch_size) if spec.purpose is Purpose.LATENCY else None
 
     def info(self) -> dict:
         return {"environment": self.engine.environment(), "kv_cache_tokens": self.engine.kv_cache_tokens(),

@@ -316,9 +316,22 @@ def _replayed_in_pairs(baseline: EngineProcess, candidate: EngineProcess, scenar
         for pair in order:
             for who in pair:
                 seconds[who].append(replayed(who) / 1e6)
+        clocks = {who: engines[who].call("graph_clocks", description=f"{token}: the card's clocks under its graph",
+                                         workload=token) for who in engines}
         found[token] = {**paired.summarize(seconds[paired.BASELINE], seconds[paired.CANDIDATE]),
-                        "order": " ".join(paired.order_letters(order))}
+                        "order": " ".join(paired.order_letters(order)), "clocks": clocks}
     return found
+
+
+def clocks_line(clocks: dict) -> str:
+    """Each engine's card under its decode graph (sk.workflow.profile_worker.clocks_under) in words."""
+    def one(c: dict | None) -> str:
+        if not c:
+            return "not sampled"
+        limits = ", ".join(c["clock_limits"]) or "none"
+        return (f"SM {c['sm_mhz_median']:,.0f} MHz (lowest {c['sm_mhz_min']:,.0f}), {c['power_w_median']:,.0f} W, "
+                f"clock limits: {limits}")
+    return f"stock: {one(clocks.get(paired.BASELINE))}; ours: {one(clocks.get(paired.CANDIDATE))}"
 
 
 def replay_pairs_table(rows: list[dict]) -> Table:
@@ -327,6 +340,7 @@ def replay_pairs_table(rows: list[dict]) -> Table:
                         "profiler)", title_justify="left")
     for column in ("MODEL", "WORKLOAD", "ROUNDS", "STOCK µs", "OURS µs", "STOCK ÷ OURS", "95% CI", "VERDICT"):
         table.add_column(column, justify="left" if column in ("MODEL", "WORKLOAD", "VERDICT") else "right")
+    clocks = []
     for row in rows:
         for token, w in row["workloads"].items():
             r = w.get("graph_replay_paired")
@@ -334,6 +348,11 @@ def replay_pairs_table(rows: list[dict]) -> Table:
                 table.add_row(row["scenario"]["model"], token, str(r["rounds"]), f"{r['baseline_median_s'] * 1e6:,.1f}",
                               f"{r['candidate_median_s'] * 1e6:,.1f}", f"{r['speedup']:.3f}×",
                               f"[{r['interval'][0]:.3f}, {r['interval'][1]:.3f}]", r["verdict"])
+                if r.get("clocks"):
+                    clocks.append(f"{row['scenario']['model']} {token}: {clocks_line(r['clocks'])}")
+    if clocks:
+        table.caption = "the card under each graph replayed for a second (NVML):\n" + "\n".join(clocks)
+        table.caption_justify = "left"
     if not table.rows:
         table.caption = "no decode graph to replay (throughput workloads, eager mode, the CPU engine or SGLang)"
         table.caption_justify = "left"

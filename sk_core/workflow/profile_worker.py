@@ -8,7 +8,9 @@ graph replays included; CPU: the CPU ops.
 `sk_graph_replay(batch_size)` times the worker's captured FULL CUDA graph of a decode batch, replayed back to back
 with CUDA events: the model's forward on the GPU with neither the host's step loop nor a profiler in it (a
 profiler's per-kernel records change the gaps between a graph's kernels, and its host overhead hides what the
-step loop costs; results/h200/engines/README.md, 2026-12-06, late evening).
+step loop costs; results/h200/engines/README.md, 2026-12-06, late evening). `sk_graph_clocks(batch_size)` replays
+it for about a second while NVML samples the card's SM clock, power draw and clock-limit reasons: the same GEMMs
+running longer beside other kernels (results/h100/engines/README.md, 2026-12-07) may be running at a lower clock.
 
 While profiling, `HostTimes` also records the host's side of the batch in that process: each engine step's
 `execute_model` call (the host preparing and launching the step), the garbage collector's pauses, and the writes
@@ -70,6 +72,60 @@ def replay_median_us(graph, replays: int = GRAPH_REPLAYS, warmup: int = GRAPH_WA
 # torch.cuda.memory_stats() counters HostTimes reports the change of, by the names its summary gives them.
 ALLOCATOR_COUNTERS = {"device_allocs": "num_device_alloc", "device_frees": "num_device_free",
                       "alloc_retries": "num_alloc_retries", "syncs_all_streams": "num_sync_all_streams"}
+
+
+# NVML's clock-event (throttle) reason bits (nvml.h, nvmlClocksEventReason*), by the names sk profile gives them.
+CLOCK_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+                 0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
+                 0x100: "display_clocks"}
+CLOCK_SAMPLE_S = 0.01
+
+
+def _nvml_device():
+    """(pynvml, handle) of the current CUDA device, found by its UUID (CUDA_VISIBLE_DEVICES renumbers cards);
+    (None, None) without pynvml (nvidia-ml-py, or the copy vLLM carries) or where NVML cannot answer."""
+    try:
+        import pynvml
+    except ImportError:
+        try:
+            from vllm.third_party import pynvml
+        except ImportError:
+            return None, None
+    uuid = str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", ""))
+    try:
+        pynvml.nvmlInit()
+        return pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except pynvml.NVMLError:
+        return None, None
+
+
+def clocks_under(graph, seconds: float = 1.0) -> dict | None:
+    """The card's state while `graph` replays back to back for about `seconds`, sampled by NVML every
+    CLOCK_SAMPLE_S from the host (the replays are queued first): SM clock (MHz, median and lowest), power draw
+    (W, median; NVML's own averaging) and every clock-limit reason seen. None where NVML cannot be asked."""
+    nvml, handle = _nvml_device()
+    if handle is None:
+        return None
+    replays = max(1, round(seconds * 1e6 / replay_median_us(graph, replays=3, warmup=1)))
+    reasons_of = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+        nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    torch.cuda.synchronize()
+    for _ in range(replays):
+        graph.replay()
+    done = torch.cuda.Event()
+    done.record()
+    sm, power, reasons = [], [], 0
+    while not done.query():
+        sm.append(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+        power.append(nvml.nvmlDeviceGetPowerUsage(handle) / 1e3)
+        reasons |= reasons_of(handle)
+        time.sleep(CLOCK_SAMPLE_S)
+    torch.cuda.synchronize()
+    if not sm:
+        return None
+    return {"replays": replays, "samples": len(sm), "sm_mhz_median": statistics.median(sm), "sm_mhz_min": min(sm),
+            "power_w_median": statistics.median(power),
+            "clock_limits": [name for bit, name in CLOCK_REASONS.items() if reasons & bit]}
 
 
 class HostTimes:
@@ -188,3 +244,9 @@ class StepProfiler:
             return None
         torch.cuda.synchronize()
         return replay_median_us(graphs[0], replays)
+
+    def sk_graph_clocks(self, batch_size: int) -> dict | None:
+        """`clocks_under` the FULL CUDA graph of a `batch_size` decode batch; None where there is none (as
+        `sk_graph_replay`) or no NVML."""
+        graphs = decode_graphs(getattr(self, "model_runner", None), batch_size) if torch.cuda.is_available() else []
+        return clocks_under(graphs[0]) if len(graphs) == 1 else None

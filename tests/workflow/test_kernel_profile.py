@@ -274,9 +274,13 @@ def test_a_comparison_shows_the_replayed_decode_graphs_and_pairs_them_round_by_r
             self.us, self.calls = us, 0
 
         def call(self, command, description=None, **arguments):
-            assert command == "graph_replay" and arguments["workload"] in ("LLM.decode_batch_32", "LLM.throughput")
+            assert command in ("graph_replay", "graph_clocks")
+            assert arguments["workload"] in ("LLM.decode_batch_32", "LLM.throughput")
             if arguments["workload"] == "LLM.throughput":
                 return None
+            if command == "graph_clocks":  # sk.workflow.profile_worker.clocks_under's reply
+                return {"replays": 180, "samples": 95, "sm_mhz_median": 1980.0 - self.us / 100, "sm_mhz_min": 1900.0,
+                        "power_w_median": 650.0, "clock_limits": ["sw_power_cap"] if self.us > 5450 else []}
             self.calls += 1
             return self.us + self.calls  # drifts: the rounds' order keeps that out of the ratio
 
@@ -291,7 +295,13 @@ def test_a_comparison_shows_the_replayed_decode_graphs_and_pairs_them_round_by_r
                                          "workloads": {"LLM.decode_batch_32": {"graph_replay_paired": result}}}])
     console = Console(width=300, record=True)
     console.print(table)
-    assert "candidate slower" in console.export_text() and paired.pairing_order(1) == [("baseline", "candidate")]
+    text = console.export_text()
+    assert "candidate slower" in text and paired.pairing_order(1) == [("baseline", "candidate")]
+    assert result["clocks"]["candidate"]["clock_limits"] == ["sw_power_cap"]
+    assert profile.clocks_line(result["clocks"]) == (
+        "stock: SM 1,926 MHz (lowest 1,900), 650 W, clock limits: none; ours: SM 1,925 MHz (lowest 1,900), 650 W, "
+        "clock limits: sw_power_cap")
+    assert "under each graph replayed for a second" in text and "sw_power_cap" in text
 
 
 def test_a_trace_splits_into_engine_steps_at_the_marker_kernel():
