@@ -16,6 +16,9 @@ tensors under `torch.inference_mode` as the engines' forwards run:
 - beside them, what a stock layer's host runs for the same work: `F.linear` alone, and vLLM's `_C` norm and
   activation between the two GEMMs where vLLM is installed (else PyTorch's eager ops).
 
+With `--out`, `op_host_path.cprofile.txt` lists where the host's time goes in 2,000 calls of each of our ops'
+cases (cProfile, by own time): the functions, Triton's launch and the CUDA calls behind a call's host cost.
+
 "GPU µs" is the same call's kernels alone: 20 calls captured in a CUDA graph, replayed between CUDA events, per
 call. Where the host's µs exceed it, an eager step of such calls waits on the host (as every case here does on
 purpose); the difference is what the host adds per call.
@@ -25,8 +28,11 @@ purpose); the difference is what the host adds per call.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import platform
+import pstats
 import time
 from pathlib import Path
 
@@ -67,6 +73,18 @@ def graph_us(fn, calls: int = 20, replays: int = 20) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1e3 / (calls * replays)
+
+
+def cprofiled(name: str, fn, calls: int = 2000, top: int = 25) -> str:
+    """`calls` calls of `fn` under cProfile: its `top` functions by own time, as text."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return f"=== {name}: {calls} calls\n{text.getvalue()}"
 
 
 def stock_sequence():
@@ -147,6 +165,7 @@ def main() -> None:
                 # Its warm-up calls compile every Triton specialization before the capture.
                 host = host_us_per_call(fn, calls=args.calls, repeats=5, warmup_calls=args.calls // 10 + 1)
                 results.append({"case": name, "host_us": host, "gpu_us": graph_us(fn)})
+            profiles = [cprofiled(name, fn) for name, fn in cases.items() if "sk." in name] if args.out else []
     environment = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                    "triton": triton.__version__, "python": platform.python_version(),
                    "cpu": platform.processor() or platform.machine(), "d_model": D_MODEL, "d_ff": D_FF,
@@ -162,6 +181,7 @@ def main() -> None:
         (args.out / "op_host_path.json").write_text(json.dumps({"environment": environment, "results": results},
                                                                indent=2) + "\n")
         (args.out / "op_host_path.txt").write_text("\n".join(lines) + "\n")
+        (args.out / "op_host_path.cprofile.txt").write_text("\n".join(profiles))
 
 
 if __name__ == "__main__":
