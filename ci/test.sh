@@ -5,6 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=$(bash ci/envs/vllm_cpu.sh)
+# Every engine venv before the tests: each venv's first editable install empties and rebuilds the checkout's one
+# link tree (build/__editable__.*, ci/envs/_venv.sh), and a vLLM engine process importing `sk` from it meanwhile
+# failed with "No module named 'sk.warmup'" (a fresh-cache CI run, 2026-12-07).
+bash ci/envs/sglang.sh > /dev/null || echo "ci/test.sh: the SGLang venv did not build; its tests say why" >&2
 export PATH="$VENV/bin:$PATH"
 # --durations: the slowest 25 tests listed, since CI must stay well inside its 90 minutes. Two workers (CI's two
 # cores; a single run left one idle while engines started), each taking whole files (--dist loadfile), so a
