@@ -406,20 +406,24 @@ class Server:
         self.engine.reset_prefix_cache()  # the warm-up batch left these prompts cached
         return self.engine.profile(run, keep)
 
+    @staticmethod
+    def _decode_batch(workload: str) -> int | None:
+        """A latency workload's batch size (its decode graph's); None for a throughput workload."""
+        spec = resolve(workload).spec
+        return spec.batch_size if spec.purpose is Purpose.LATENCY else None
+
     def graph_replay(self, workload: str) -> float | None:
         """A latency workload's decode step on the GPU alone: the median µs of one replay of the engine's FULL CUDA
         graph of its batch (sk.workflow.profile_worker); None for a throughput workload, or where the engine
         captured no such graph or cannot be asked (SGLang)."""
-        spec = resolve(workload).spec
-        if spec.purpose is not Purpose.LATENCY:
-            return None
-        return self.engine.graph_replay(spec.batch_size)
+        batch = self._decode_batch(workload)
+        return None if batch is None else self.engine.graph_replay(batch)
 
     def graph_clocks(self, workload: str) -> dict | None:
         """The card's clocks and power while that decode graph replays (as `graph_replay`: None where there is
         none)."""
-        spec = resolve(workload).spec
-        return self.engine.graph_clocks(spec.batch_size) if spec.purpose is Purpose.LATENCY else None
+        batch = self._decode_batch(workload)
+        return None if batch is None else self.engine.graph_clocks(batch)
 
     def info(self) -> dict:
         return {"environment": self.engine.environment(), "kv_cache_tokens": self.engine.kv_cache_tokens(),

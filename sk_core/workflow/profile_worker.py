@@ -235,18 +235,23 @@ class StepProfiler:
                                   keep=keep and rank_path(keep, getattr(self, "rank", 0)))
         return {**summary, "host": self._sk_host.summary()}
 
+    def _sk_decode_graph(self, batch_size: int):
+        """The one FULL CUDA graph of a `batch_size` decode batch (`decode_graphs`), or None."""
+        graphs = decode_graphs(getattr(self, "model_runner", None), batch_size) if torch.cuda.is_available() else []
+        return graphs[0] if len(graphs) == 1 else None
+
     def sk_graph_replay(self, batch_size: int, replays: int = GRAPH_REPLAYS) -> float | None:
         """Median µs of one replay of the FULL CUDA graph of a `batch_size` decode batch; None where there is none.
         Call it between batches: a replay reruns the last step's inputs (its KV-cache writes land in slots that
         step held)."""
-        graphs = decode_graphs(getattr(self, "model_runner", None), batch_size) if torch.cuda.is_available() else []
-        if len(graphs) != 1:
+        graph = self._sk_decode_graph(batch_size)
+        if graph is None:
             return None
         torch.cuda.synchronize()
-        return replay_median_us(graphs[0], replays)
+        return replay_median_us(graph, replays)
 
     def sk_graph_clocks(self, batch_size: int) -> dict | None:
         """`clocks_under` the FULL CUDA graph of a `batch_size` decode batch; None where there is none (as
         `sk_graph_replay`) or no NVML."""
-        graphs = decode_graphs(getattr(self, "model_runner", None), batch_size) if torch.cuda.is_available() else []
-        return clocks_under(graphs[0]) if len(graphs) == 1 else None
+        graph = self._sk_decode_graph(batch_size)
+        return None if graph is None else clocks_under(graph)
