@@ -88,6 +88,17 @@ def test_non_contiguous_inputs(dtype):
     expected_out, expected_res = sk.ops.fused_add_rms_norm(xv, rv, wc[:1000])
     sk.ops.fused_add_rms_norm_(xv, rv, wc[:1000])
     assert torch.equal(xv, expected_out) and torch.equal(rv, expected_res)
+    # A strided weight (the kernels read it with unit stride: they get a contiguous copy).
+    ws = torch.stack([w, poisoned_like(w)], dim=1)[:, 0]
+    assert not ws.is_contiguous()
+    with sk.coverage.strict():
+        assert rel_err(sk.ops.rms_norm(x, ws), fp64_rms_norm(x, ws, 1e-6)) < TOLERANCE[dtype]
+        assert rel_err(sk.ops.gemma_rms_norm(x, ws), fp64_rms_norm(x, ws, 1e-6, 1.0)) < TOLERANCE[dtype]
+        out, res = sk.ops.fused_add_rms_norm(x, r, ws)
+        assert rel_err(out, fp64_rms_norm(res, ws, 1e-6)) < TOLERANCE[dtype]
+        xi, ri = x.clone(), r.clone()
+        sk.ops.fused_add_rms_norm_(xi, ri, ws)
+        assert torch.equal(xi, out) and torch.equal(ri, res)
 
 
 def test_in_place_on_non_viewable_tensor_writes_back():
@@ -291,6 +302,14 @@ def test_backward_of_non_contiguous_inputs_and_gradients():
     x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
     fp64_rms_norm(x64, w64, 1e-6).sum().backward()
     assert rel_err(wg.grad, w64.grad) < 1e-5 and torch.isfinite(xg.grad).all()
+    # A strided weight: both gradients as with its contiguous copy.
+    wbase = torch.stack([w, torch.full_like(w, float("nan"))], dim=1).requires_grad_()
+    xg = x.detach().requires_grad_()
+    with sk.coverage.strict():
+        sk.ops.rms_norm(xg, wbase[:, 0]).sum().backward()
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    fp64_rms_norm(x64, w64, 1e-6).sum().backward()
+    assert rel_err(xg.grad, x64.grad) < 1e-5 and rel_err(wbase.grad[:, 0], w64.grad) < 1e-5
 
 
 def test_backward_of_an_empty_batch_gives_a_zero_weight_gradient():

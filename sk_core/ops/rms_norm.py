@@ -157,7 +157,7 @@ def _launch(x2, w, y2, eps, weight_offset, res2=None, res_out2=None) -> None:
     has_res = res2 is not None
     pdl = dependent_launch(x2.device)
     _rms_norm_kernel[(triton.cdiv(n_rows, rows_per_program),)](
-        x2, x2.stride(0), res2 if has_res else x2, res2.stride(0) if has_res else 0, w,
+        x2, x2.stride(0), res2 if has_res else x2, res2.stride(0) if has_res else 0, w.contiguous(),
         y2, y2.stride(0), res_out2 if has_res else y2, res_out2.stride(0) if has_res else 0,
         n_rows, n_cols, eps, weight_offset,
         HAS_RESIDUAL=has_res, ROWS_PER_PROGRAM=rows_per_program, BLOCK_N=block_n, PDL=pdl, num_warps=num_warps,
@@ -231,7 +231,7 @@ def _launch_backward(dy2, x2, w, dx2, eps, weight_offset, dres2=None, dw=None) -
     has_dres = dres2 is not None
     input_bytes = x2.element_size() + dy2.element_size() + (dres2.element_size() if has_dres else 0)
     _rms_norm_backward_kernel[(programs,)](
-        dy2, dy2.stride(0), x2, x2.stride(0), w, dres2 if has_dres else dy2, dres2.stride(0) if has_dres else 0,
+        dy2, dy2.stride(0), x2, x2.stride(0), w.contiguous(), dres2 if has_dres else dy2, dres2.stride(0) if has_dres else 0,
         dx2, dx2.stride(0), partial, n_rows, n_cols, eps, weight_offset,
         HAS_DRES=has_dres, WEIGHT_GRAD=dw is not None, ROWS=rows, BLOCK_N=block_n,
         NUM_STAGES=backward_stages(rows, block_n, input_bytes),
