@@ -165,6 +165,11 @@ def _launch(x2, w, y2, eps, weight_offset, res2=None, res_out2=None) -> None:
     )
 
 
+# The launcher without checks, for ops that run this kernel inside their own (`fused_gated_mlp` above its fused
+# kernels' rows): 2-D views with unit stride along the last dim; residual in and out together or neither.
+launch = _launch
+
+
 # The backward's launch: a persistent grid of BACKWARD_PROGRAMS_PER_SM programs per SM, its row loop
 # software-pipelined BACKWARD_NUM_STAGES deep (the next tile's loads issued early); a tile holds
 # max(1, BACKWARD_TILE_ELEMENTS // BLOCK_N) rows, one warp per BACKWARD_ELEMENTS_PER_WARP of its elements. The

@@ -22,9 +22,12 @@ import torch
 from sk import coverage
 from sk.ops import weight_cache
 from sk.ops._common import FLOAT_DTYPES, LibraryOp, attach_reference_backward, check_float, check_same_device
+from sk.ops.act_and_mul import launch as launch_act_and_mul
 from sk.ops.gated_mlp import triton_kernels
 from sk.ops.gated_mlp.common import is_eager
 from sk.ops.gated_mlp.reference import ACTIVATIONS, NORMS, gated_mlp_reference
+from sk.ops.rms_norm import GEMMA_OFFSET
+from sk.ops.rms_norm import launch as launch_norm
 
 OP = "fused_gated_mlp"
 
@@ -128,25 +131,23 @@ def _composed(x, residual, norm_weight, gate_up_weight, gate_up_bias, down_weigh
               name):
     """Above `triton_kernels.fused_max_m` rows: our norm and activation kernels around cuBLAS's GEMMs (the engines'
     own sequence, where cuBLAS's tiles beat the fused kernels'); weights and biases in another dtype are cast once
-    (`weight_cache.cast`), never per call."""
-    from sk.ops.act_and_mul import gelu_and_mul, silu_and_mul
-    from sk.ops.rms_norm import fused_add_rms_norm, gemma_fused_add_rms_norm, gemma_rms_norm, rms_norm
-
-    dtype = x.dtype
+    (`weight_cache.cast`), never per call. The kernels launch directly: this op's checks and coverage decision
+    cover theirs (an engine's eager prefill pays each public call's host time per layer)."""
+    dtype, rows, ff = x.dtype, x.shape[0], down_weight.shape[1]
 
     def cast(t):
         return None if t is None else weight_cache.cast(name, t, dtype)
+    n = torch.empty(x.shape, dtype=dtype, device=x.device)
+    offset = GEMMA_OFFSET if norm == "gemma_rms" else 0.0
     if residual is None:
-        n = (rms_norm if norm == "rms" else gemma_rms_norm)(x, norm_weight, eps)
         h = x.new_empty(0)
+        launch_norm(x, norm_weight, n, eps, offset)
     else:
-        add = fused_add_rms_norm if norm == "rms" else gemma_fused_add_rms_norm
-        n, h = add(x, residual, norm_weight, eps)
+        h = torch.empty(x.shape, dtype=dtype, device=x.device)
+        launch_norm(x, norm_weight, n, eps, offset, residual, h)
     gu = torch.nn.functional.linear(n, cast(gate_up_weight), cast(gate_up_bias))
-    if activation == "silu":
-        a = silu_and_mul(gu)
-    else:
-        a = gelu_and_mul(gu, "tanh" if activation == "gelu_tanh" else "none")
+    a = torch.empty((rows, ff), dtype=dtype, device=x.device)
+    launch_act_and_mul(gu, a, activation)
     return torch.nn.functional.linear(a, cast(down_weight), cast(down_bias)), h
 
 
