@@ -37,7 +37,7 @@ ALL_OPS = tuple(OP_FAMILIES)
 REQUIRES = {"gated_mlp": ("rms_norm", "act_and_mul")}
 
 # Shared helpers first, then each family's kernels, launch configurations and launchers.
-COMMON = KernelSource("sk.ops._common", ("rows_view",))
+COMMON = KernelSource("sk.ops._common", ("cdiv", "next_power_of_2", "rows_view"))
 FAMILIES: dict[str, tuple[KernelSource, ...]] = {
     # `_launch`'s dependent_launch reads our settings: the template defines it.
     "rms_norm": (KernelSource("sk.ops.rms_norm", ("GEMMA_OFFSET", "_rms_norm_kernel", "_launch_config",
@@ -50,8 +50,8 @@ FAMILIES: dict[str, tuple[KernelSource, ...]] = {
     # `descriptor`'s CHECK_DESCRIPTORS and `forward_kernels`' pdl_on read our settings: the template defines them.
     "gated_mlp": (
         KernelSource("sk.ops.gated_mlp.common",
-                     ("TMA_ALIGN", "TileConfig", "_tile_coords", "_tile_product", "_split_k_sum", "cdiv",
-                      "next_power_of_2", "align", "sm_count", "tma_ready", "descriptor")),
+                     ("TMA_ALIGN", "TileConfig", "_tile_coords", "_tile_product", "_split_k_sum", "align", "sm_count",
+                      "tma_ready", "descriptor")),
         KernelSource("sk.ops.gated_mlp.triton_kernels",
                      ("_norm_kernel", "_gate_up_kernel", "_down_kernel", "_down_epilogue", "GemmConfig", "M_CLASSES",
                       "FUSED_MAX_M", "LARGE_MLP", "FUSED_MAX_M_LARGE", "fused_max_m", "_DECODE_SWEEP",

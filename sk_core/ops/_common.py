@@ -13,6 +13,17 @@ from sk.ops.weight_cache import cacheable
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
+# Host-side integer helpers in plain Python: triton.cdiv / next_power_of_2 are constexpr functions that cost
+# microseconds a call from the host (results/h100/engines/2026-12-07/op_host_path-h100-cprofile.txt), and a launch
+# makes several such calls.
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
 def plain_eager(*tensors: torch.Tensor | None) -> bool:
     """Whether a call can run an op's implementation directly rather than through its custom op: not traced by
     torch.compile, no TorchDispatchMode active (FakeTensorMode, profiling modes: they see the custom op), and only

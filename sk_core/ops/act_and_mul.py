@@ -19,10 +19,12 @@ import triton.language as tl
 from sk import coverage
 from sk.ops._common import (
     LibraryOp,
+    cdiv,
     check_float,
     check_same_device,
     direct_or_op,
     eager_or_op,
+    next_power_of_2,
     refuse_autograd_of_mutating_op,
     refuse_out_autograd,
     rows_view,
@@ -113,9 +115,9 @@ LARGE_BLOCK = 16384
 def launch_config(n_rows: int, d: int, activation: str = "silu") -> tuple[int, int]:
     """(BLOCK, num_warps): 8 contiguous elements per thread (16-byte bf16 accesses); 16 in SiLU's wide blocks."""
     if n_rows * d <= SMALL_PROBLEM:
-        block = min(512, triton.next_power_of_2(d))
+        block = min(512, next_power_of_2(d))
     else:
-        block = min(LARGE_BLOCK if activation == "silu" else 2048, triton.next_power_of_2(d))
+        block = min(LARGE_BLOCK if activation == "silu" else 2048, next_power_of_2(d))
         if block > 2048:
             return block, min(32, block // 512)
     return block, max(1, min(8, block // 256))
@@ -126,7 +128,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, activation: str) -> None:
     if n_rows == 0 or d == 0:
         return
     block, num_warps = launch_config(n_rows, d, activation)
-    _act_and_mul_kernel[(n_rows, triton.cdiv(d, block))](
+    _act_and_mul_kernel[(n_rows, cdiv(d, block))](
         x2, x2.stride(0), y2, y2.stride(0), n_rows, d, ACT=activation, BLOCK=block, num_warps=num_warps
     )
 
@@ -146,7 +148,7 @@ BACKWARD_NUM_WARPS = 16
 def _backward_launch_config(n_rows: int, d: int, activation: str) -> tuple[int, int]:
     if n_rows * d <= SMALL_PROBLEM or activation == "gelu":
         return launch_config(n_rows, d, activation)
-    block = min(BACKWARD_BLOCK, triton.next_power_of_2(d))
+    block = min(BACKWARD_BLOCK, next_power_of_2(d))
     return block, max(1, min(BACKWARD_NUM_WARPS, block // 256))  # narrow rows: fewer warps, as the forward's
 
 
@@ -155,7 +157,7 @@ def _launch_backward(dy2: torch.Tensor, x2: torch.Tensor, dx2: torch.Tensor, act
     if n_rows == 0 or d == 0:
         return
     block, num_warps = _backward_launch_config(n_rows, d, activation)
-    _act_and_mul_backward_kernel[(n_rows, triton.cdiv(d, block))](
+    _act_and_mul_backward_kernel[(n_rows, cdiv(d, block))](
         dy2, dy2.stride(0), x2, x2.stride(0), dx2, dx2.stride(0), n_rows, d, ACT=activation, BLOCK=block,
         num_warps=num_warps,
     )

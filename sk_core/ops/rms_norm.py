@@ -32,11 +32,13 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from sk import coverage, settings
 from sk.ops._common import (
     LibraryOp,
+    cdiv,
     check_float,
     check_same_device,
     check_writable,
     direct_or_op,
     eager_or_op,
+    next_power_of_2,
     refuse_autograd_of_mutating_op,
     rows_view,
 )
@@ -127,7 +129,7 @@ def _sum_rows_kernel(partial_ptr, out_ptr, n_partials, n_cols, BLOCK_P: tl.const
 def _launch_config(n_cols: int) -> tuple[int, int, int]:
     """(ROWS_PER_PROGRAM, BLOCK_N, num_warps): a whole row in registers, 8 warps from 4096 wide (swept on an
     H200: benchmarks/tune_launch.py); rows narrower than 1024 share a program."""
-    block_n = triton.next_power_of_2(n_cols)
+    block_n = next_power_of_2(n_cols)
     rows_per_program = max(1, min(8, 1024 // block_n))
     num_warps = min(32, max(1, rows_per_program * block_n // 512))
     return rows_per_program, block_n, num_warps
@@ -156,7 +158,7 @@ def _launch(x2, w, y2, eps, weight_offset, res2=None, res_out2=None) -> None:
     rows_per_program, block_n, num_warps = _launch_config(n_cols)
     has_res = res2 is not None
     pdl = dependent_launch(x2.device)
-    _rms_norm_kernel[(triton.cdiv(n_rows, rows_per_program),)](
+    _rms_norm_kernel[(cdiv(n_rows, rows_per_program),)](
         x2, x2.stride(0), res2 if has_res else x2, res2.stride(0) if has_res else 0, w.contiguous(),
         y2, y2.stride(0), res_out2 if has_res else y2, res_out2.stride(0) if has_res else 0,
         n_rows, n_cols, eps, weight_offset,
@@ -206,7 +208,7 @@ def _backward_programs(n_tiles: int, device: torch.device) -> int:
 
 def _backward_launch_config(n_cols: int) -> tuple[int, int, int]:
     """(ROWS, BLOCK_N, num_warps): a whole row in registers as in the forward; narrow rows share a tile."""
-    block_n = triton.next_power_of_2(n_cols)
+    block_n = next_power_of_2(n_cols)
     rows = max(1, min(16, BACKWARD_TILE_ELEMENTS // block_n))
     num_warps = min(32, max(1, rows * block_n // BACKWARD_ELEMENTS_PER_WARP))
     return rows, block_n, num_warps
@@ -231,7 +233,7 @@ def _launch_backward(dy2, x2, w, dx2, eps, weight_offset, dres2=None, dw=None) -
             dw.zero_()
         return
     rows, block_n, num_warps = _backward_launch_config(n_cols)
-    programs = _backward_programs(triton.cdiv(n_rows, rows), x2.device)
+    programs = _backward_programs(cdiv(n_rows, rows), x2.device)
     partial = torch.empty((programs, n_cols), dtype=torch.float32, device=x2.device) if dw is not None else dx2
     has_dres = dres2 is not None
     input_bytes = x2.element_size() + dy2.element_size() + (dres2.element_size() if has_dres else 0)
@@ -243,9 +245,9 @@ def _launch_backward(dy2, x2, w, dx2, eps, weight_offset, dres2=None, dw=None) -
         num_warps=num_warps,
     )
     if dw is not None:
-        block_c = min(BACKWARD_SUM_COLUMNS, triton.next_power_of_2(n_cols))
-        block_p = max(1, min(4096 // block_c, triton.next_power_of_2(programs)))
-        _sum_rows_kernel[(triton.cdiv(n_cols, block_c),)](
+        block_c = min(BACKWARD_SUM_COLUMNS, next_power_of_2(n_cols))
+        block_p = max(1, min(4096 // block_c, next_power_of_2(programs)))
+        _sum_rows_kernel[(cdiv(n_cols, block_c),)](
             partial, dw, programs, n_cols, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
 
 

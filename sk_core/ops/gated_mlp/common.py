@@ -16,6 +16,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from sk import settings
+from sk.ops._common import cdiv, next_power_of_2  # noqa: F401  (this family's host helpers)
 
 TMA_ALIGN = 8  # elements: the GEMM operands' rows must start on 16-byte boundaries for TMA
 
@@ -108,16 +109,6 @@ def _split_k_sum(acc, partial_ptr, arrivals_ptr, tile, pid_m, pid_n, n_rows, d, 
 
 
 # ----------------------------------------------------------------------------------------------- host helpers
-
-# Host-side integer helpers in plain Python: triton.cdiv / next_power_of_2 cost microseconds a call, and a
-# forward makes a dozen such calls.
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
 
 def align(n: int) -> int:
     """The largest power of two up to 16 dividing n: the row alignment the kernels may assume."""
