@@ -14,7 +14,7 @@ FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
 # Host-side integer helpers in plain Python: triton.cdiv / next_power_of_2 are constexpr functions that cost
-# microseconds a call from the host (results/h100/engines/2026-12-07/op_host_path-h100-cprofile.txt), and a launch
+# microseconds a call from the host (results/h100/engines/2026-12-07/op_host_path-h100-cprofile/), and a launch
 # makes several such calls.
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
