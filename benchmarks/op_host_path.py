@@ -17,7 +17,8 @@ tensors under `torch.inference_mode` as the engines' forwards run:
   activation between the two GEMMs where vLLM is installed (else PyTorch's eager ops).
 
 With `--out`, `op_host_path.cprofile.txt` lists where the host's time goes in 2,000 calls of each of our ops'
-cases (cProfile, by own time): the functions, Triton's launch and the CUDA calls behind a call's host cost.
+cases (cProfile, by own time): the functions, Triton's launch and the CUDA calls behind a call's host cost; and
+`op_host_path.N.pstats` holds case N's whole profile (`python -m pstats FILE` reads it: callers, callees).
 
 "GPU µs" is the same call's kernels alone: 20 calls captured in a CUDA graph, replayed between CUDA events, per
 call. Where the host's µs exceed it, an eager step of such calls waits on the host (as every case here does on
@@ -42,6 +43,7 @@ import triton
 import triton.language as tl
 
 import sk
+from sk import settings
 from sk.bench.timing import host_us_per_call
 
 D_MODEL, D_FF = 512, 1024
@@ -75,13 +77,16 @@ def graph_us(fn, calls: int = 20, replays: int = 20) -> float:
     return start.elapsed_time(end) * 1e3 / (calls * replays)
 
 
-def cprofiled(name: str, fn, calls: int = 2000, top: int = 25) -> str:
-    """`calls` calls of `fn` under cProfile: its `top` functions by own time, as text."""
+def cprofiled(name: str, fn, calls: int = 2000, top: int = 25, dump: Path | None = None) -> str:
+    """`calls` calls of `fn` under cProfile: its `top` functions by own time, as text; the whole profile written
+    to `dump` (pstats' format, for `python -m pstats`) where given."""
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(calls):
         fn()
     profiler.disable()
+    if dump is not None:
+        profiler.dump_stats(dump)
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
     return f"=== {name}: {calls} calls\n{text.getvalue()}"
@@ -129,10 +134,10 @@ def main() -> None:
         stock_name, stock = stock_sequence()
         y = torch.empty_like(x)
 
-        def triton_launch():  # returns the compiled kernel it launched
+        def triton_launch(pdl=False):  # returns the compiled kernel it launched
             return _row_scale_kernel[(x.shape[0],)](x, x.stride(0), r, r.stride(0), w, y, y.stride(0), y,
                                                     y.stride(0), x.shape[0], x.shape[1], 1e-6, 0.0,
-                                                    HAS_RESIDUAL=True, BLOCK_N=512)
+                                                    HAS_RESIDUAL=True, BLOCK_N=512, launch_pdl=pdl)
         launcher = triton_launch()[(x.shape[0], 1, 1)]
 
         def compiled_launch():
@@ -141,6 +146,7 @@ def main() -> None:
         cases = {
             "a Triton kernel with 13 arguments, launched as ours are (JIT)": triton_launch,
             "the same kernel through its compiled launcher": compiled_launch,
+            "the same kernel as a dependent launch (JIT, launch_pdl=True)": lambda: triton_launch(pdl=True),
             "F.linear, 1024 rows (one cuBLAS GEMM)": lambda: F.linear(x, gu),
             "torch.ops.sk.rms_norm": lambda: op.rms_norm.default(x, w, 1e-6, 0.0),
             "sk.ops.rms_norm": lambda: sk.ops.rms_norm(x, w, 1e-6),
@@ -157,13 +163,23 @@ def main() -> None:
             cases[f"sk.ops.fused_gated_mlp, {m} rows"] = (
                 lambda xm=xm, rm=rm: sk.ops.fused_gated_mlp(xm, w, gu, down, 1e-6, residual=rm))
         cases[f"stock, 1024 rows: {stock_name}"] = lambda: stock(x, r, w, gu, down, 1e-6)
-        results = []
+        # The same calls with our kernels in plain stream order (no dependent launches): what PDL costs the host.
+        no_pdl = {"norm_pdl": False, "gated_mlp_pdl": False}
+        cases.update({f"{name}, SK_NORM_PDL=0 SK_GATED_MLP_PDL=0": (cases[name], no_pdl) for name in (
+            "torch.ops.sk.rms_norm", "torch.ops.sk.fused_add_rms_norm_ (in place)",
+            "torch.ops.sk.fused_gated_mlp, 8 rows (fused kernels)")})
+        results, profiles = [], []
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
         with sk.coverage.strict():  # every call of ours takes its kernels, never the reference
-            for name, fn in cases.items():
-                # Its warm-up calls compile every Triton specialization before the capture.
-                host = host_us_per_call(fn, calls=args.calls, repeats=5, warmup_calls=args.calls // 10 + 1)
-                results.append({"case": name, "host_us": host, "gpu_us": graph_us(fn)})
-            profiles = [cprofiled(name, fn) for name, fn in cases.items() if "sk." in name] if args.out else []
+            for i, (name, case) in enumerate(cases.items()):
+                fn, overrides = case if isinstance(case, tuple) else (case, {})
+                with settings.override(**overrides):
+                    # Its warm-up calls compile every Triton specialization before the capture.
+                    host = host_us_per_call(fn, calls=args.calls, repeats=5, warmup_calls=args.calls // 10 + 1)
+                    results.append({"case": name, "host_us": host, "gpu_us": graph_us(fn)})
+                    if args.out and "sk." in name:
+                        profiles.append(cprofiled(name, fn, dump=args.out / f"op_host_path.{i}.pstats"))
     environment = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                    "triton": triton.__version__, "python": platform.python_version(),
                    "cpu": platform.processor() or platform.machine(), "d_model": D_MODEL, "d_ff": D_FF,

@@ -9,7 +9,7 @@ import tarfile
 
 ROOT = pathlib.Path(__file__).parents[1]
 
-RUN_SH = 'mkdir -p "$1"; echo "run $SK_GPU_STEPS X=${X:-}" > "$1/ran.txt"\n'
+RUN_SH = 'sleep ${SLEEP:-0}; mkdir -p "$1"; echo "run $SK_GPU_STEPS X=${X:-}" > "$1/ran.txt"\n'
 ENGINES_SH = """if [ "$1" = install ]; then ls .gpu-flat/; exit 0; fi
 mkdir -p "$2/s/$1"; echo "engine $1 Y=${Y:-}" > "$2/s/$1/ran.txt"; tar czf "$2/$1.tgz" -C "$2/s" "$1"; exit 1
 """
@@ -54,6 +54,29 @@ def test_the_chain_runs_its_plan_in_order_and_installs_the_engines_once_every_pa
     with tarfile.open(out / "3-selftest-x.tgz") as archive:
         assert archive.extractfile("selftest-x/ran.txt").read().decode().strip() == "engine selftest-x Y=2"
     assert "end 3 selftest-x exit 1" in done.stdout
+
+
+def test_a_new_checkout_runs_from_the_next_step_on_and_never_under_a_running_one(tmp_path):
+    # A fix made while the chain runs is measured by a later step of the same session (the host goes back 30 s
+    # after a call returns: a new chain starts bare).
+    tree, work, out = make_tree(tmp_path), tmp_path / "chain", tmp_path / "out"
+    out.mkdir()
+    (tree / "plan.txt").write_text("SLEEP=3 gpu:before\ngpu:after\n")
+    assert chain(tree, work, "start", "plan.txt").returncode == 0
+    (tree / "ci/gpu/run.sh").write_text(RUN_SH.replace('"run ', '"fixed '))
+    (tree / ".gpu-stage/part2/b.whl").write_text("not carried into the tree")
+    swapped = chain(tree, work, "tree")
+    assert swapped.returncode == 0 and "the next step to begin runs this checkout" in swapped.stdout
+    done = chain(tree, work, "poll", "60", "chain end", out=out)
+    progress = done.stdout.splitlines()
+    assert [line.split(" ", 1)[1].split(" by ")[0] for line in progress[1:6]] == [
+        "begin 1 SLEEP=3 gpu:before", "end 1 gpu:before exit 0", "tree replaced", "begin 2 gpu:after",
+        "end 2 gpu:after exit 0"]
+    for archive_name, ran in (("1-before.tgz", "run before X="), ("2-after.tgz", "fixed after X=")):
+        with tarfile.open(out / archive_name) as archive:
+            assert archive.extractfile(f"./{archive_name[2:-4]}/ran.txt").read().decode().strip() == ran
+    assert not (work / "tree/.gpu-stage").exists()
+    assert chain(tmp_path / "tree", tmp_path / "bare", "tree").stdout.strip() == "BARE HOST"
 
 
 def test_a_bare_host_answers_at_once_and_bad_calls_name_what_is_missing(tmp_path):

@@ -8,6 +8,8 @@
 #                                            starts the chain on PLAN (a file, carried or tracked), returns
 #   bash ci/gpu/chain.sh part PART [--last]  one call per further part; --last with the last one
 #   bash ci/gpu/chain.sh plan 'LINE' ...     replaces the steps not yet begun
+#   bash ci/gpu/chain.sh tree                the steps not yet begun run this call's checkout (a fix made while
+#                                            the chain runs, measured by a later step of the same session)
 #   bash ci/gpu/chain.sh poll WAIT PATTERN   waits up to WAIT s for PATTERN in the progress, copies the finished
 #                                            steps' archives into $OUT; exit 3 at once on a bare host (the chain
 #                                            is gone: do not wait)
@@ -35,6 +37,13 @@ run_chain() {
     awk '!taken && $0 !~ /^[[:space:]]*(#|$)/ {taken = 1; next} 1' "$W/plan" > "$W/plan.next"
     mv "$W/plan.next" "$W/plan"
     i=$((i + 1)); read -ra words <<< "$line"; step=${words[-1]}; unset 'words[-1]'
+    if [ -d "$W/tree.next" ]; then  # `chain.sh tree`: swapped between steps, never under a running one
+      cd "$W" && rm -rf "$W/tree" && mv "$W/tree.next" "$W/tree" && cd "$W/tree" || exit 1
+      ln -sfn "$W/flat" .gpu-flat
+      [ -f "$W/engines-installed" ] && { python3 -m pip install -q --no-deps --no-build-isolation -e . \
+        >/dev/null 2>&1 || log "reinstalling the new tree failed"; }
+      log "tree replaced by $(cat .chain-tree)"
+    fi
     log "begin $i $line"
     rm -rf "$W/out$i"; mkdir -p "$W/out$i"
     case $step in
@@ -84,6 +93,12 @@ case ${1:-} in
     copy_part "${2:-}"
     [ "${3:-}" = --last ] && touch "$W/parts-done"
     echo "$(ls "$W/flat" | wc -l) files staged"; tail -n 2 "$W/progress" ;;
+  tree)
+    [ -f "$W/progress" ] || { echo "BARE HOST"; exit 3; }
+    rm -rf "$W/tree.next"; mkdir -p "$W/tree.next"
+    tar --exclude="./.gpu-stage*" --exclude=./.gpu-flat --exclude=./build -cf - . | tar -C "$W/tree.next" -xf -
+    date -u +%T > "$W/tree.next/.chain-tree"
+    echo "the next step to begin runs this checkout ($(cat "$W/tree.next/.chain-tree"))"; tail -n 2 "$W/progress" ;;
   plan)
     [ -f "$W/progress" ] || { echo "BARE HOST"; exit 3; }
     shift; printf '%s\n' "$@" > "$W/plan"; cat "$W/plan" ;;
@@ -104,5 +119,5 @@ case ${1:-} in
     cd "$(dirname "$0")/../.." \
       && git ls-files -z --deleted results | { grep -zE "$SLIM" || true; } | xargs -0 -r git checkout -- \
       && echo "$(git ls-files --deleted results | grep -cE "$SLIM") files still missing under results/" ;;
-  *) sed -n '2,24p' "$0"; exit 2 ;;
+  *) sed -n '2,26p' "$0"; exit 2 ;;
 esac
