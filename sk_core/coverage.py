@@ -234,6 +234,8 @@ def _miss_reason(op: str, x: torch.Tensor, *, shape_miss: str | None, backward: 
         return "backward: no kernel published for training; autograd of the PyTorch reference ran"
     if not backward and not entry.inference:
         return "no inference kernel published"
+    if not settings.get("kernels"):
+        return "SK_KERNELS=0: the kernels are switched off"
     if x.device.type == "cpu":
         if not settings.get("triton_interpret"):
             return "CPU tensor: the kernels need a CUDA GPU (TRITON_INTERPRET=1 runs them interpreted, for testing)"

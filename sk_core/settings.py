@@ -100,6 +100,12 @@ SETTINGS: dict[str, Setting] = {
         "`0`: the forward kernels of `sk.ops`' RMSNorm family (plain, Gemma, fused with the residual add) launch in "
         "plain stream order instead of as programmatic dependent launches, as SGLang's own norm kernels do on "
         "NVIDIA GPUs from Hopper (SM90) on. Off before SM90 and under the Triton interpreter."),
+    "kernels": Setting(
+        "SK_KERNELS", "1", _flag,
+        "`0`: every op runs its PyTorch reference instead of its kernels, each call recorded as a fallback with "
+        "that reason (an error under strict mode), while the adapters' custom ops and swapped layers stay: the "
+        "A/B switch that tells our kernels' effect from the rest of an integration. The fused decoder blocks, "
+        "which the adapters plan from kernel coverage, then stay the engine's."),
     "fused_mlp": Setting(
         "SK_FUSED_MLP", "1", _flag,
         "`1`: the engine adapters make each decoder layer's post-attention norm + MLP one `fused_gated_mlp` call "

@@ -61,6 +61,26 @@ def test_kernel_calls_are_counted():
     assert sk.coverage.report()["kernel_calls"] == {"silu_and_mul": 1, "gelu_and_mul": 1}
 
 
+def test_kernels_switched_off_run_every_op_s_reference_and_say_so(settings_override):
+    # SK_KERNELS=0: the A/B switch between our kernels and the rest of an integration.
+    settings_override(kernels=False)
+    d, ff = 16, 24
+    x, r = torch.randn(3, d, device=KERNEL_DEVICE), torch.randn(3, d, device=KERNEL_DEVICE)
+    w = torch.randn(d, device=KERNEL_DEVICE)
+    gu = torch.randn(2 * ff, d, device=KERNEL_DEVICE) / 4
+    down = torch.randn(d, ff, device=KERNEL_DEVICE) / 4
+    assert torch.equal(sk.ops.rms_norm(x, w), rms_norm_reference(x, w, 1e-6))
+    sk.ops.silu_and_mul(gu)
+    sk.ops.fused_gated_mlp(x, w, gu, down, residual=r)
+    report = sk.coverage.report()
+    assert report["kernel_calls"] == {}
+    assert {f["op"] for f in report["fallbacks"]} == {"rms_norm", "silu_and_mul", "fused_gated_mlp/rms"}
+    assert {f["reason"] for f in report["fallbacks"]} == {"SK_KERNELS=0: the kernels are switched off"}
+    assert sk.ops.gated_mlp.kernel_miss(x, "rms", d, ff) == "SK_KERNELS=0: the kernels are switched off"
+    with sk.coverage.strict(), pytest.raises(sk.CoverageError, match="SK_KERNELS=0"):
+        sk.ops.rms_norm(x, w)
+
+
 def test_strict_raises_naming_op_shapes_dtypes_and_reason(no_interpreter):
     x, r, w = torch.randn(3, 8), torch.randn(3, 8), torch.randn(8)
     with sk.coverage.strict(), pytest.raises(sk.CoverageError) as err:
