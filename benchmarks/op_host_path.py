@@ -164,17 +164,17 @@ def main() -> None:
                 lambda xm=xm, rm=rm: sk.ops.fused_gated_mlp(xm, w, gu, down, 1e-6, residual=rm))
         cases[f"stock, 1024 rows: {stock_name}"] = lambda: stock(x, r, w, gu, down, 1e-6)
         # The same calls with our kernels in plain stream order (no dependent launches): what PDL costs the host.
-        no_pdl = {"norm_pdl": False, "gated_mlp_pdl": False}
-        cases.update({f"{name}, SK_NORM_PDL=0 SK_GATED_MLP_PDL=0": (cases[name], no_pdl) for name in (
-            "torch.ops.sk.rms_norm", "torch.ops.sk.fused_add_rms_norm_ (in place)",
-            "torch.ops.sk.fused_gated_mlp, 8 rows (fused kernels)")})
+        overrides = {}  # case -> the settings it runs under
+        for name in ("torch.ops.sk.rms_norm", "torch.ops.sk.fused_add_rms_norm_ (in place)",
+                     "torch.ops.sk.fused_gated_mlp, 8 rows (fused kernels)"):
+            no_pdl = f"{name}, SK_NORM_PDL=0 SK_GATED_MLP_PDL=0"
+            cases[no_pdl], overrides[no_pdl] = cases[name], {"norm_pdl": False, "gated_mlp_pdl": False}
         results, profiles = [], []
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
         with sk.coverage.strict():  # every call of ours takes its kernels, never the reference
-            for i, (name, case) in enumerate(cases.items()):
-                fn, overrides = case if isinstance(case, tuple) else (case, {})
-                with settings.override(**overrides):
+            for i, (name, fn) in enumerate(cases.items()):
+                with settings.override(**overrides.get(name, {})):
                     # Its warm-up calls compile every Triton specialization before the capture.
                     host = host_us_per_call(fn, calls=args.calls, repeats=5, warmup_calls=args.calls // 10 + 1)
                     results.append({"case": name, "host_us": host, "gpu_us": graph_us(fn)})

@@ -238,7 +238,8 @@ def _launch_backward(dy2, x2, w, dx2, eps, weight_offset, dres2=None, dw=None) -
     has_dres = dres2 is not None
     input_bytes = x2.element_size() + dy2.element_size() + (dres2.element_size() if has_dres else 0)
     _rms_norm_backward_kernel[(programs,)](
-        dy2, dy2.stride(0), x2, x2.stride(0), w.contiguous(), dres2 if has_dres else dy2, dres2.stride(0) if has_dres else 0,
+        dy2, dy2.stride(0), x2, x2.stride(0), w.contiguous(),
+        dres2 if has_dres else dy2, dres2.stride(0) if has_dres else 0,
         dx2, dx2.stride(0), partial, n_rows, n_cols, eps, weight_offset,
         HAS_DRES=has_dres, WEIGHT_GRAD=dw is not None, ROWS=rows, BLOCK_N=block_n,
         NUM_STAGES=backward_stages(rows, block_n, input_bytes),
