@@ -118,6 +118,15 @@ def sequence(p, weights, add_norm, act_and_mul):
     return run, (x, r)
 
 
+def sk_engine_ops(norm, activation):
+    """(add_norm, act_and_mul) of `sequence` with our own ops: the engines' sequence as our adapters run it, and
+    the op's composed route above `fused_max_m` rows."""
+    sk_add_norm = sk.ops.gemma_fused_add_rms_norm_ if norm == "gemma_rms" else sk.ops.fused_add_rms_norm_
+    if activation == "gelu_tanh":
+        return (lambda x, r, w: sk_add_norm(x, r, w, EPS)), (lambda a, gu: sk.ops.gelu_and_mul(gu, "tanh", out=a))
+    return (lambda x, r, w: sk_add_norm(x, r, w, EPS)), (lambda a, gu: sk.ops.silu_and_mul(gu, out=a))
+
+
 def implementations(p, norm, activation, peers, with_compile, log):
     """name -> (call, reset) where reset() restores in-place inputs before an error check. Each implementation's
     calls cycle through copies of the weights that stream three L2s between two reads of one (`l2_cold_copies`):
@@ -133,10 +142,7 @@ def implementations(p, norm, activation, peers, with_compile, log):
         return sk.ops.fused_gated_mlp(p["x"], p["norm_weight"], w["gate_up_weight"], w["down_weight"], EPS,
                                       residual=p["residual"], norm=norm, activation=activation)
     impls["ours"] = ours
-    sk_add_norm = sk.ops.gemma_fused_add_rms_norm_ if gemma else sk.ops.fused_add_rms_norm_
-    impls["sk_engine"] = ("seq", lambda x, r, w: sk_add_norm(x, r, w, EPS),
-                          (lambda a, gu: sk.ops.gelu_and_mul(gu, "tanh", out=a)) if tanh
-                          else (lambda a, gu: sk.ops.silu_and_mul(gu, out=a)))
+    impls["sk_engine"] = ("seq", *sk_engine_ops(norm, activation))
     if "vllm" in peers:
         C = peers["vllm"]
         w1 = (p["norm_weight"].float() + 1).to(p["norm_weight"].dtype) if gemma else p["norm_weight"]
@@ -266,6 +272,7 @@ def markdown(rows, env, bw, command) -> str:
 
 SMEM_LIMIT = 220 * 1024
 PAIRED_TOP = 3  # the sweep times the best 3 gate/up configs with the best 3 down configs together
+COMPOSED = "composed (cuBLAS GEMMs, our norm and activation)"
 
 
 def smem_ok(c: tk.GemmConfig) -> bool:
@@ -338,13 +345,17 @@ def sweep_case(shape, m, d, ff, norm, activation, log):
             for j, dn in enumerate(top["down"]):
                 pairs[f"gate_up #{i + 1} + down #{j + 1}"] = tk.fit_configs(
                     tk.GemmConfig(**gu), tk.GemmConfig(**dn), m, d, ff, sms)
-        times = side_by_side_us({name: run(configs) for name, configs in pairs.items()},
+        # The composed route (cuBLAS's GEMMs with our norm and activation kernels) beside them: where the fused
+        # kernels should stop (`tk.fused_max_m`).
+        composed, _ = sequence(p, cold_weights(p), *sk_engine_ops(norm, activation))
+        times = side_by_side_us({**{name: run(configs) for name, configs in pairs.items()}, COMPOSED: composed},
                                 calls_per_replay=replay_plan(m)["calls_per_replay"], repeats=25)
+        result["composed_us"] = times.pop(COMPOSED, None)
         result["pairs"] = sorted(({"name": name, "us": us, "gate_up": dataclasses.asdict(pairs[name][0]),
                                    "down": dataclasses.asdict(pairs[name][1])} for name, us in times.items()
                                   if us is not None), key=lambda t: t["us"])
         log(f"[sweep {shape} M={m}] pairs, side by side: " + ", ".join(
-            f"{t['name']} {t['us']:.1f}" for t in result["pairs"]))
+            f"{t['name']} {t['us']:.1f}" for t in result["pairs"]) + f"; {COMPOSED} {result['composed_us']}")
     return result
 
 
@@ -386,11 +397,12 @@ def main(argv=None) -> int:
         (args.out / "bench_gated_mlp_sweep.json").write_text(json.dumps(
             {"environment": env, "command": command, "results": results}, indent=1) + "\n")
         md = [f"# fused_gated_mlp config sweep on {env['gpu']} ({env['date']})", "", f"`{command}`", "",
-              "| shape | M | table µs | best gate_up µs | best down µs | table pair, side by side µs | best pair µs |",
-              "|---|---|---|---|---|---|---|"]
+              "| shape | M | table µs | best gate_up µs | best down µs | table pair, side by side µs | best pair µs "
+              "| composed route, side by side µs |", "|---|---|---|---|---|---|---|---|"]
         md += [f"| {r['shape']} | {r['M']} | {r['table_us']:.1f} | {r['gate_up'][0]['us']:.1f} | "
                f"{r['down'][0]['us']:.1f} | {next(t['us'] for t in r['pairs'] if t['name'] == 'table'):.1f} | "
-               f"{r['pairs'][0]['us']:.1f} ({r['pairs'][0]['name']}) |" for r in results]
+               f"{r['pairs'][0]['us']:.1f} ({r['pairs'][0]['name']}) | {cell(r.get('composed_us'))} |"
+               for r in results]
         (args.out / "bench_gated_mlp_sweep.md").write_text("\n".join(md) + "\n")
         log(f"sweep done in {time.time() - start:.0f} s")
         return 0

@@ -155,6 +155,31 @@ def test_interpreted_large_block_rows_past_its_limit_compose(monkeypatch):
 
 
 @needs_interpreter
+def test_interpreted_large_block_with_a_tuned_m32_entry_runs_the_fused_kernels_to_32_rows(monkeypatch):
+    """A block above LARGE_MLP with an "m32" entry in TUNED (its sweep measured the fused kernels faster than the
+    composed route there) runs them up to FUSED_MAX_M rows, with that entry's configs, and composes above."""
+    monkeypatch.setattr(tk, "LARGE_MLP", 64 * 96 - 1)
+    assert tk.fused_max_m(64, 96) == tk.FUSED_MAX_M_LARGE
+    monkeypatch.setitem(tk.TUNED, ("m32", 64, 96), (tk.GATE_UP_CONFIGS["m32"], tk.DOWN_CONFIGS["m32"]))
+    assert tk.fused_max_m(64, 96) == tk.FUSED_MAX_M
+    tk.choose_configs.cache_clear()
+    block = make_block(64, 96, "rms", seed=6)
+    block = {k: v if v is None or k == "norm_weight" else v.half() for k, v in block.items()}
+    fused_calls = []
+    real = tk.forward_kernels
+    monkeypatch.setattr(tk, "forward_kernels", lambda *a, **k: fused_calls.append(a[0].shape[0]) or real(*a, **k))
+    for m in (9, tk.FUSED_MAX_M, tk.FUSED_MAX_M + 1):
+        x = make_x(m, 64, torch.float16, seed=m)
+        r = make_x(m, 64, torch.float16, seed=m + 1, mean=0.0)
+        with torch.no_grad(), sk.coverage.strict():
+            out, h = call_op(block, x, r, "rms", "silu")
+        ref_out, ref_h = fp64(block, x, r, "rms", "silu")
+        assert rel_err(out, ref_out) < TOL[torch.float16] and rel_err(h, ref_h) < TOL[torch.float16]
+    assert fused_calls == [9, tk.FUSED_MAX_M]
+    tk.choose_configs.cache_clear()
+
+
+@needs_interpreter
 @pytest.mark.parametrize("norm,activation", [("rms", "silu"), ("gemma_rms", "gelu_tanh"), ("gemma_rms", "gelu")])
 @pytest.mark.parametrize("residual", [True, False])
 def test_interpreted_rows_above_the_fused_limit_compose_our_norm_and_act_with_gemms(norm, activation, residual,

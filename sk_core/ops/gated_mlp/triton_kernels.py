@@ -198,14 +198,15 @@ M_CLASSES = ((8, "m8"), (32, "m32"), (128, "m128"), (1024, "m1024"))
 FUSED_MAX_M = 32
 # Above LARGE_MLP (d_model * d_ff, Gemma-2B's 2048 * 16384) the fused kernels stop at FUSED_MAX_M_LARGE rows: at
 # Llama-3-8B's 4096 * 14336 the composed route was faster at M = 32 in all four H200 runs (1-2.5 %), while at
-# Llama-3.2-1B and Gemma-2B the fused kernels won there by 3-10 % (results/h200/gated_mlp/README.md, 2026-12-04).
+# Llama-3.2-1B and Gemma-2B the fused kernels won there by 3-10 % (results/h200/gated_mlp/README.md, 2026-12-04);
+# a block with a tuned "m32" entry in `TUNED` runs them up to FUSED_MAX_M rows again.
 LARGE_MLP = 2048 * 16384
 FUSED_MAX_M_LARGE = 8
 
 
 def fused_max_m(d: int, ff: int) -> int:
     """Rows up to which the op runs its fused kernels for a d x ff block (norms "rms" and "gemma_rms")."""
-    return FUSED_MAX_M_LARGE if d * ff > LARGE_MLP else FUSED_MAX_M
+    return FUSED_MAX_M if d * ff <= LARGE_MLP or ("m32", d, ff) in TUNED else FUSED_MAX_M_LARGE
 
 
 _DECODE_SWEEP = "results/h200/gated_mlp/2026-12-02/sweep-decode/bench_gated_mlp_sweep.json"
