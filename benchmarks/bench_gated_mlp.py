@@ -28,7 +28,10 @@ date, command).
 
 `--sweep` instead times candidate configs of the two GEMM kernels (sk.ops.gated_mlp.triton_kernels.GemmConfig,
 through `forward_kernels(configs=...)`) at each selected shape and M, the table's entry first, and writes
-DIR/bench_gated_mlp_sweep.json/.md: what the table's entries get chosen from (name the file in `source`).
+DIR/bench_gated_mlp_sweep.json/.md: what the table's entries get chosen from (name the file in `source`). The
+best pairs are timed side by side with the composed route (cuBLAS's GEMMs with our norm and activation kernels);
+where a pair at M = 32 beats it by WIN (and, at M = 16 when swept, the best pair does not lose), the Markdown
+gives the `TUNED` "m32" entry that makes a block above `LARGE_MLP` run its fused kernels up to 32 rows.
 """
 from __future__ import annotations
 
@@ -273,6 +276,7 @@ def markdown(rows, env, bw, command) -> str:
 SMEM_LIMIT = 220 * 1024
 PAIRED_TOP = 3  # the sweep times the best 3 gate/up configs with the best 3 down configs together
 COMPOSED = "composed (cuBLAS GEMMs, our norm and activation)"
+WIN = 1.02  # the fused pair's lead over the composed route, side by side, before it replaces it (run-to-run ±2 %)
 
 
 def smem_ok(c: tk.GemmConfig) -> bool:
@@ -359,6 +363,34 @@ def sweep_case(shape, m, d, ff, norm, activation, log):
     return result
 
 
+def best_pair_configs(result) -> tuple[dict, dict]:
+    """The unfitted (gate_up, down) configs of a sweep case's fastest pair (the table's as fitted)."""
+    best = result["pairs"][0]
+    if best["name"] == "table":
+        return result["table"][0], result["table"][1]
+    i, j = (int(part.split("#")[1]) for part in best["name"].split(" + "))
+    return result["gate_up"][i - 1]["config"], result["down"][j - 1]["config"]
+
+
+def m32_entries(results) -> list[str]:
+    """`TUNED` "m32" lines for the blocks whose fused kernels beat the composed route at 32 rows by WIN, side by
+    side (and, where 16 rows were swept, whose best pair there did not lose): their `source` is this sweep."""
+    by_case = {(r["shape"], r["M"]): r for r in results}
+    lines = []
+    for (shape, m), r in by_case.items():
+        r16 = by_case.get((shape, 16))
+        if m != 32 or not r.get("composed_us") or r["pairs"][0]["us"] * WIN > r["composed_us"]:
+            continue
+        if r16 is not None and not (r16.get("composed_us") and r16["pairs"][0]["us"] <= r16["composed_us"]):
+            continue
+
+        def config(c):
+            return "GemmConfig(" + ", ".join(f"{k}={v!r}" for k, v in c.items() if k != "source") + ", source=...)"
+        gate_up, down = best_pair_configs(r)
+        lines.append(f'("m32", {r["d_model"]}, {r["d_ff"]}): ({config(gate_up)}, {config(down)}),')
+    return lines
+
+
 # ----------------------------------------------------------------------------------------------- main
 
 def main(argv=None) -> int:
@@ -403,6 +435,10 @@ def main(argv=None) -> int:
                f"{r['down'][0]['us']:.1f} | {next(t['us'] for t in r['pairs'] if t['name'] == 'table'):.1f} | "
                f"{r['pairs'][0]['us']:.1f} ({r['pairs'][0]['name']}) | {cell(r.get('composed_us'))} |"
                for r in results]
+        entries = m32_entries(results)
+        md += ["", f"`TUNED` \"m32\" entries (the fused kernels {WIN:.2f}× the composed route or better at 32 rows; "
+               "`source`: this JSON's committed path): " + ("none" if not entries else ""), ""] + [
+            f"    {line}" for line in entries]
         (args.out / "bench_gated_mlp_sweep.md").write_text("\n".join(md) + "\n")
         log(f"sweep done in {time.time() - start:.0f} s")
         return 0

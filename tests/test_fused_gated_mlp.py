@@ -11,6 +11,8 @@ Tolerances: relative norm error against the fp64 reference on the same (rounded)
         (the reference run in bf16: norm, GEMM, act_and_mul, GEMM, each rounding) + 1e-3.
 """
 import dataclasses
+import pathlib
+import sys
 
 import pytest
 import torch
@@ -636,3 +638,27 @@ def test_interpreted_autocast_leaves_a_half_precision_x_in_its_dtype_on_every_ro
     with torch.autocast("cpu", dtype=torch.float16):
         out, _ = call_op(block16, make_x(3, 64, torch.float32), None, "rms", "silu")
     assert out.dtype == torch.float16
+
+
+def test_sweep_suggests_an_m32_entry_only_where_the_fused_pair_beats_the_composed_route():
+    """The config sweep's Markdown gives the `TUNED` "m32" line for a block whose best fused pair beat the
+    composed route by WIN at 32 rows, side by side, with that pair's unfitted configs; none where the lead is
+    smaller or where the best pair at 16 rows lost."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_gated_mlp as bench
+
+    gate_up = dataclasses.asdict(tk.GemmConfig(32, 256, 64, 4, 6, swap_ab=True, dependent_launch="at_start"))
+    down = dataclasses.asdict(tk.GemmConfig(32, 64, 256, 4, 3, split_k=0, split_waves=2.0, swap_ab=True))
+    other = dataclasses.asdict(tk.GemmConfig(32, 128, 128, 4, 4, swap_ab=True))
+
+    def case(shape, m, best_us, composed_us):
+        return {"shape": shape, "M": m, "d_model": 4096, "d_ff": 12288 if shape == "a" else 14336,
+                "table": [other, other], "gate_up": [{"config": other, "us": 1.0}, {"config": gate_up, "us": 1.0}],
+                "down": [{"config": down, "us": 1.0}], "composed_us": composed_us,
+                "pairs": [{"name": "gate_up #2 + down #1", "us": best_us}, {"name": "table", "us": best_us + 5}]}
+    results = [case("a", 32, 80.0, 85.0), case("b", 32, 84.0, 85.0)]
+    lines = bench.m32_entries(results)
+    assert len(lines) == 1 and lines[0].startswith('("m32", 4096, 12288): (GemmConfig(block_m=32, block_n=256,')
+    assert "split_waves=2.0" in lines[0] and "block_k=256" in lines[0]
+    assert bench.m32_entries(results + [case("a", 16, 86.0, 85.0)]) == []
+    assert len(bench.m32_entries(results + [case("a", 16, 84.0, 85.0)])) == 1
