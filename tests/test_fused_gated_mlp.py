@@ -12,7 +12,6 @@ Tolerances: relative norm error against the fp64 reference on the same (rounded)
 """
 import dataclasses
 import pathlib
-import sys
 
 import pytest
 import torch
@@ -640,11 +639,11 @@ def test_interpreted_autocast_leaves_a_half_precision_x_in_its_dtype_on_every_ro
     assert out.dtype == torch.float16
 
 
-def test_sweep_suggests_an_m32_entry_only_where_the_fused_pair_beats_the_composed_route():
+def test_sweep_suggests_an_m32_entry_only_where_the_fused_pair_beats_the_composed_route(monkeypatch):
     """The config sweep's Markdown gives the `TUNED` "m32" line for a block whose best fused pair beat the
     composed route by WIN at 32 rows, side by side, with that pair's unfitted configs; none where the lead is
     smaller or where the best pair at 16 rows lost."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_gated_mlp as bench
 
     gate_up = dataclasses.asdict(tk.GemmConfig(32, 256, 64, 4, 6, swap_ab=True, dependent_launch="at_start"))

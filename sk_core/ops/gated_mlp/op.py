@@ -4,8 +4,8 @@ PyTorch reference.
 
 Dispatch: bf16/fp16 CUDA tensors on SM90 (or CPU tensors under TRITON_INTERPRET=1) with d_model and d_ff
 multiples of 8 within the table's limits run the kernels: the fused ones up to `triton_kernels.fused_max_m` rows
-(32; 8 for blocks larger than Gemma-2B's without a tuned "m32" entry), above it (norms "rms" and "gemma_rms") our norm and activation kernels
-around cuBLAS's two GEMMs; anything else runs
+(32; 8 for blocks larger than Gemma-2B's without a tuned "m32" entry), above it (norms "rms" and "gemma_rms") our
+norm and activation kernels around cuBLAS's two GEMMs; anything else runs
 `gated_mlp_reference` and the miss is recorded under the coverage row `fused_gated_mlp/<norm>` (an error under `sk.coverage.strict()`).
 With grad mode on and an input that requires grad, the forward is the same; its backward is autograd of the
 reference, recorded as a backward fallback (inference kernels only: training stays correct).
