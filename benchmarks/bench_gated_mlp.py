@@ -125,9 +125,9 @@ def sk_engine_ops(norm, activation):
     """(add_norm, act_and_mul) of `sequence` with our own ops: the engines' sequence as our adapters run it, and
     the op's composed route above `fused_max_m` rows."""
     sk_add_norm = sk.ops.gemma_fused_add_rms_norm_ if norm == "gemma_rms" else sk.ops.fused_add_rms_norm_
-    if activation == "gelu_tanh":
-        return (lambda x, r, w: sk_add_norm(x, r, w, EPS)), (lambda a, gu: sk.ops.gelu_and_mul(gu, "tanh", out=a))
-    return (lambda x, r, w: sk_add_norm(x, r, w, EPS)), (lambda a, gu: sk.ops.silu_and_mul(gu, out=a))
+    act = (lambda a, gu: sk.ops.gelu_and_mul(gu, "tanh", out=a)) if activation == "gelu_tanh" \
+        else (lambda a, gu: sk.ops.silu_and_mul(gu, out=a))
+    return (lambda x, r, w: sk_add_norm(x, r, w, EPS)), act
 
 
 def implementations(p, norm, activation, peers, with_compile, log):
@@ -344,32 +344,24 @@ def sweep_case(shape, m, d, ff, norm, activation, log):
         # best of each are timed together too: the PAIRED_TOP x PAIRED_TOP pairs, the table's pair among them.
         top = {kind: [t["config"] for t in result[kind][:PAIRED_TOP] if t["us"] is not None]
                for kind in ("gate_up", "down")}
-        pairs = {"table": (base_gu, base_down)}
+        # name -> (fitted configs, the configs as a table entry gives them: the candidates', the table's fitted)
+        pairs = {"table": ((base_gu, base_down), result["table"])}
         for i, gu in enumerate(top["gate_up"]):
             for j, dn in enumerate(top["down"]):
-                pairs[f"gate_up #{i + 1} + down #{j + 1}"] = tk.fit_configs(
-                    tk.GemmConfig(**gu), tk.GemmConfig(**dn), m, d, ff, sms)
+                pairs[f"gate_up #{i + 1} + down #{j + 1}"] = (
+                    tk.fit_configs(tk.GemmConfig(**gu), tk.GemmConfig(**dn), m, d, ff, sms), [gu, dn])
         # The composed route (cuBLAS's GEMMs with our norm and activation kernels) beside them: where the fused
         # kernels should stop (`tk.fused_max_m`).
         composed, _ = sequence(p, cold_weights(p), *sk_engine_ops(norm, activation))
-        times = side_by_side_us({**{name: run(configs) for name, configs in pairs.items()}, COMPOSED: composed},
+        times = side_by_side_us({**{name: run(fitted) for name, (fitted, _) in pairs.items()}, COMPOSED: composed},
                                 calls_per_replay=replay_plan(m)["calls_per_replay"], repeats=25)
         result["composed_us"] = times.pop(COMPOSED, None)
-        result["pairs"] = sorted(({"name": name, "us": us, "gate_up": dataclasses.asdict(pairs[name][0]),
-                                   "down": dataclasses.asdict(pairs[name][1])} for name, us in times.items()
-                                  if us is not None), key=lambda t: t["us"])
+        result["pairs"] = sorted(({"name": name, "us": us, "gate_up": dataclasses.asdict(pairs[name][0][0]),
+                                   "down": dataclasses.asdict(pairs[name][0][1]), "entry": pairs[name][1]}
+                                  for name, us in times.items() if us is not None), key=lambda t: t["us"])
         log(f"[sweep {shape} M={m}] pairs, side by side: " + ", ".join(
             f"{t['name']} {t['us']:.1f}" for t in result["pairs"]) + f"; {COMPOSED} {result['composed_us']}")
     return result
-
-
-def best_pair_configs(result) -> tuple[dict, dict]:
-    """The unfitted (gate_up, down) configs of a sweep case's fastest pair (the table's as fitted)."""
-    best = result["pairs"][0]
-    if best["name"] == "table":
-        return result["table"][0], result["table"][1]
-    i, j = (int(part.split("#")[1]) for part in best["name"].split(" + "))
-    return result["gate_up"][i - 1]["config"], result["down"][j - 1]["config"]
 
 
 def m32_entries(results) -> list[str]:
@@ -386,7 +378,7 @@ def m32_entries(results) -> list[str]:
 
         def config(c):
             return "GemmConfig(" + ", ".join(f"{k}={v!r}" for k, v in c.items() if k != "source") + ", source=...)"
-        gate_up, down = best_pair_configs(r)
+        gate_up, down = r["pairs"][0]["entry"]
         lines.append(f'("m32", {r["d_model"]}, {r["d_ff"]}): ({config(gate_up)}, {config(down)}),')
     return lines
 

@@ -138,21 +138,31 @@ def test_large_blocks_stop_the_fused_kernels_at_fewer_rows():
     assert tk.fused_max_m(2048, 16384) == tk.fused_max_m(2048, 8192) == tk.fused_max_m(64, 96) == 32
 
 
-@needs_interpreter
-def test_interpreted_large_block_rows_past_its_limit_compose(monkeypatch):
-    """A block above LARGE_MLP (made small here) runs the fused kernels up to 8 rows and composes at 9."""
+def fused_rows_of_a_large_block(monkeypatch, rows, seed, residual):
+    """Run a 64 x 96 fp16 block made larger than LARGE_MLP at each of `rows` (strict, against fp64: out, and h
+    with a residual); return the row counts that went through the fused kernels."""
     monkeypatch.setattr(tk, "LARGE_MLP", 64 * 96 - 1)
-    block = make_block(64, 96, "rms", seed=5)
+    block = make_block(64, 96, "rms", seed=seed)
     block = {k: v if v is None or k == "norm_weight" else v.half() for k, v in block.items()}
     fused_calls = []
     real = tk.forward_kernels
     monkeypatch.setattr(tk, "forward_kernels", lambda *a, **k: fused_calls.append(a[0].shape[0]) or real(*a, **k))
-    for m in (8, 9):
+    for m in rows:
         x = make_x(m, 64, torch.float16, seed=m)
+        r = make_x(m, 64, torch.float16, seed=m + 1, mean=0.0) if residual else None
         with torch.no_grad(), sk.coverage.strict():
-            out, _ = call_op(block, x, None, "rms", "silu")
-        assert rel_err(out, fp64(block, x, None, "rms", "silu")[0]) < TOL[torch.float16]
-    assert fused_calls == [8]
+            out, h = call_op(block, x, r, "rms", "silu")
+        ref_out, ref_h = fp64(block, x, r, "rms", "silu")
+        assert rel_err(out, ref_out) < TOL[torch.float16]
+        if residual:
+            assert rel_err(h, ref_h) < TOL[torch.float16]
+    return fused_calls
+
+
+@needs_interpreter
+def test_interpreted_large_block_rows_past_its_limit_compose(monkeypatch):
+    """A block above LARGE_MLP (made small here) runs the fused kernels up to 8 rows and composes at 9."""
+    assert fused_rows_of_a_large_block(monkeypatch, (8, 9), seed=5, residual=False) == [8]
 
 
 @needs_interpreter
@@ -164,20 +174,11 @@ def test_interpreted_large_block_with_a_tuned_m32_entry_runs_the_fused_kernels_t
     monkeypatch.setitem(tk.TUNED, ("m32", 64, 96), (tk.GATE_UP_CONFIGS["m32"], tk.DOWN_CONFIGS["m32"]))
     assert tk.fused_max_m(64, 96) == tk.FUSED_MAX_M
     tk.choose_configs.cache_clear()
-    block = make_block(64, 96, "rms", seed=6)
-    block = {k: v if v is None or k == "norm_weight" else v.half() for k, v in block.items()}
-    fused_calls = []
-    real = tk.forward_kernels
-    monkeypatch.setattr(tk, "forward_kernels", lambda *a, **k: fused_calls.append(a[0].shape[0]) or real(*a, **k))
-    for m in (9, tk.FUSED_MAX_M, tk.FUSED_MAX_M + 1):
-        x = make_x(m, 64, torch.float16, seed=m)
-        r = make_x(m, 64, torch.float16, seed=m + 1, mean=0.0)
-        with torch.no_grad(), sk.coverage.strict():
-            out, h = call_op(block, x, r, "rms", "silu")
-        ref_out, ref_h = fp64(block, x, r, "rms", "silu")
-        assert rel_err(out, ref_out) < TOL[torch.float16] and rel_err(h, ref_h) < TOL[torch.float16]
-    assert fused_calls == [9, tk.FUSED_MAX_M]
-    tk.choose_configs.cache_clear()
+    try:
+        rows = (9, tk.FUSED_MAX_M, tk.FUSED_MAX_M + 1)
+        assert fused_rows_of_a_large_block(monkeypatch, rows, seed=6, residual=True) == [9, tk.FUSED_MAX_M]
+    finally:
+        tk.choose_configs.cache_clear()
 
 
 @needs_interpreter
@@ -652,9 +653,9 @@ def test_sweep_suggests_an_m32_entry_only_where_the_fused_pair_beats_the_compose
 
     def case(shape, m, best_us, composed_us):
         return {"shape": shape, "M": m, "d_model": 4096, "d_ff": 12288 if shape == "a" else 14336,
-                "table": [other, other], "gate_up": [{"config": other, "us": 1.0}, {"config": gate_up, "us": 1.0}],
-                "down": [{"config": down, "us": 1.0}], "composed_us": composed_us,
-                "pairs": [{"name": "gate_up #2 + down #1", "us": best_us}, {"name": "table", "us": best_us + 5}]}
+                "composed_us": composed_us, "pairs": [{"name": "gate_up #2 + down #1", "us": best_us,
+                                                       "entry": [gate_up, down]},
+                                                      {"name": "table", "us": best_us + 5, "entry": [other, other]}]}
     results = [case("a", 32, 80.0, 85.0), case("b", 32, 84.0, 85.0)]
     lines = bench.m32_entries(results)
     assert len(lines) == 1 and lines[0].startswith('("m32", 4096, 12288): (GemmConfig(block_m=32, block_n=256,')
