@@ -55,8 +55,8 @@ FAMILIES: dict[str, tuple[KernelSource, ...]] = {
         KernelSource("sk.ops.gated_mlp.triton_kernels",
                      ("_norm_kernel", "_gate_up_kernel", "_down_kernel", "_down_epilogue", "GemmConfig", "M_CLASSES",
                       "FUSED_MAX_M", "LARGE_MLP", "FUSED_MAX_M_LARGE", "fused_max_m", "_DECODE_SWEEP",
-                      "GATE_UP_CONFIGS", "DOWN_CONFIGS", "_TP4_SWEEP", "TUNED", "MAX_SPLIT_K", "shape_class",
-                      "fit_configs", "fit_split", "choose_configs", "forward_kernels")),
+                      "GATE_UP_CONFIGS", "DOWN_CONFIGS", "_TP4_SWEEP", "_M32_SWEEP", "TUNED", "MAX_SPLIT_K",
+                      "shape_class", "fit_configs", "fit_split", "choose_configs", "forward_kernels")),
     ),
 }
 # Names two families define: suffixed with the family in the generated module.
