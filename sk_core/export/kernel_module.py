@@ -7,9 +7,11 @@ torch custom ops around them is written here. The module imports torch and trito
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import inspect
 import re
+import symtable
 from dataclasses import dataclass
 
 
@@ -346,8 +348,25 @@ def render(ops: tuple[str, ...], header: str, op_namespace: str) -> str:
                    if len(sources) > 1 and len(packages) == 1 else ", ".join(source.module for source in sources))
         parts.append(f"# {'-' * 40} {family} (from Standard Kernels' {modules})\n\n{body}")
         parts.append(_OPS_TEMPLATE[family].format(**values).strip("\n"))
+    text = "\n\n\n".join(parts) + "\n"
     _check_unique(parts)
-    return "\n\n\n".join(parts) + "\n"
+    _check_defined(text)
+    return text
+
+
+def _check_defined(text: str) -> None:
+    """A name the copied code reads but the module does not define would only fail in the engine (NameError)."""
+    defined = {sym.get_name() for sym in symtable.symtable(text, "kernel_module", "exec").get_symbols()
+               if sym.is_assigned() or sym.is_imported()}
+
+    def read_globals(table: symtable.SymbolTable) -> set[str]:
+        names = {sym.get_name() for sym in table.get_symbols() if sym.is_referenced()
+                 and (table.get_type() == "module" or sym.is_global())}
+        return names.union(*(read_globals(child) for child in table.get_children()))
+    undefined = sorted(read_globals(symtable.symtable(text, "kernel_module", "exec")) - defined - set(dir(builtins)))
+    if undefined:
+        raise RuntimeError(f"the generated kernel module reads {', '.join(undefined)} without defining them: add "
+                           f"them to sk.export.kernel_module.FAMILIES")
 
 
 def _check_unique(parts: list[str]) -> None:

@@ -117,6 +117,20 @@ def test_generated_module_refuses_a_name_defined_twice(monkeypatch):
         kernel_module.render(ALL_OPS, '"""header"""\n', "vllm")
 
 
+def test_generated_module_refuses_a_name_its_code_reads_but_does_not_copy(monkeypatch):
+    import dataclasses
+
+    from sk.export import kernel_module
+
+    # TUNED's entries read their sweep's path constant: without it the module would raise NameError in the engine.
+    common, kernels = kernel_module.FAMILIES["gated_mlp"]
+    names = tuple(n for n in kernels.names if n != "_TP4_SWEEP")
+    monkeypatch.setitem(kernel_module.FAMILIES, "gated_mlp", (common, dataclasses.replace(kernels, names=names)))
+    with pytest.raises(RuntimeError, match="reads _TP4_SWEEP without defining them"):
+        kernel_module.render(ALL_OPS, '"""header"""\n', "vllm")
+    assert "_TP4_SWEEP" not in kernel_module.render(("rms_norm",), '"""header"""\n', "vllm")
+
+
 def test_an_anchor_that_is_not_one_line_is_reported_with_the_file():
     from sk.export.source_edits import AnchorError, ReplaceLine
 
