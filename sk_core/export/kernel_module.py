@@ -356,14 +356,14 @@ def render(ops: tuple[str, ...], header: str, op_namespace: str) -> str:
 
 def _check_defined(text: str) -> None:
     """A name the copied code reads but the module does not define would only fail in the engine (NameError)."""
-    defined = {sym.get_name() for sym in symtable.symtable(text, "kernel_module", "exec").get_symbols()
-               if sym.is_assigned() or sym.is_imported()}
+    module = symtable.symtable(text, "kernel_module", "exec")
+    defined = {sym.get_name() for sym in module.get_symbols() if sym.is_assigned() or sym.is_imported()}
 
     def read_globals(table: symtable.SymbolTable) -> set[str]:
         names = {sym.get_name() for sym in table.get_symbols() if sym.is_referenced()
-                 and (table.get_type() == "module" or sym.is_global())}
+                 and (table is module or sym.is_global())}
         return names.union(*(read_globals(child) for child in table.get_children()))
-    undefined = sorted(read_globals(symtable.symtable(text, "kernel_module", "exec")) - defined - set(dir(builtins)))
+    undefined = sorted(read_globals(module) - defined - set(dir(builtins)))
     if undefined:
         raise RuntimeError(f"the generated kernel module reads {', '.join(undefined)} without defining them: add "
                            f"them to sk.export.kernel_module.FAMILIES")

