@@ -349,7 +349,7 @@ def render(ops: tuple[str, ...], header: str, op_namespace: str) -> str:
         parts.append(f"# {'-' * 40} {family} (from Standard Kernels' {modules})\n\n{body}")
         parts.append(_OPS_TEMPLATE[family].format(**values).strip("\n"))
     text = "\n\n\n".join(parts) + "\n"
-    _check_unique(parts)
+    _check_unique(text)
     _check_defined(text)
     return text
 
@@ -369,9 +369,9 @@ def _check_defined(text: str) -> None:
                            f"them to sk.export.kernel_module.FAMILIES")
 
 
-def _check_unique(parts: list[str]) -> None:
+def _check_unique(text: str) -> None:
     """Two top-level definitions of one name would silently shadow each other in the generated module."""
-    names = [name for node in ast.parse("\n\n\n".join(parts)).body for name in _defined_names(node)
+    names = [name for node in ast.parse(text).body for name in _defined_names(node)
              if name != "_"]  # "_": the ops' fakes
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
