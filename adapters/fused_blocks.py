@@ -135,7 +135,7 @@ def linear_miss(name: str, linear: torch.nn.Module, unquantized: tuple[str, ...]
     weight = getattr(linear, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return f"{name} has no 2-D weight"
-    if getattr(linear, "skip_bias_add", False):
+    if getattr(linear, "skip_bias_add", False) and getattr(linear, "bias", None) is not None:  # (TeleChat2's: none)
         return f"{name} returns its bias separately (skip_bias_add)"
     if name == "gate_up_proj" and getattr(linear, "gather_output", False):
         return "gate_up_proj gathers its output across ranks (gather_output)"

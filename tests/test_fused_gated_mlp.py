@@ -425,6 +425,22 @@ def test_argument_errors_are_clear(bad, match):
         sk.ops.fused_gated_mlp(**kwargs)
 
 
+@pytest.mark.parametrize("rows", [1, 2])
+def test_the_custom_op_refuses_a_residual_of_another_shape(rows):
+    """A compiler pass that rewrites the graph after tracing (vLLM's sequence-parallel pass) can hand the custom op
+    a residual split across ranks; one row would even broadcast in the reference. Both the op and its fake raise."""
+    d, ff = 16, 24
+    block = make_block(d, ff, "rms", device="cpu")
+    x, r = make_x(4, d, torch.float32, "cpu"), make_x(rows, d, torch.float32, "cpu", seed=2)
+    args = (x, r, block["norm_weight"], None, block["gate_up_weight"], None, block["down_weight"], None, EPS, "rms",
+            "silu")
+    match = rf"fused_gated_mlp: residual \({rows}, 16\) must have x's shape \(4, 16\)"
+    with pytest.raises(ValueError, match=match):
+        torch.ops.sk.fused_gated_mlp(*args)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode, pytest.raises(ValueError, match=match):
+        torch.ops.sk.fused_gated_mlp(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+
+
 def test_custom_op_registration_passes_opcheck():
     d, ff = 16, 24
     block = make_block(d, ff, "layer", device="cpu", dtype=torch.float64)
@@ -620,6 +636,18 @@ def test_prepare_weights_makes_only_the_casts_the_calls_read():
     assert not sk.ops.gated_mlp.prepare_weights(block["norm_weight"].double(), block["gate_up_weight"].double())
     assert sk.coverage.report()["weights_prepared"] == {"fused_gated_mlp/rms": 2}
     assert not sk.coverage.report()["fallbacks"]
+
+
+@needs_interpreter
+def test_interpreted_bf16_runs_the_reference_recorded():
+    """Triton's interpreter computes bf16 tl.dot wrongly: on CPU a bf16 call takes the reference, recorded."""
+    block = {k: None if v is None else v.bfloat16() for k, v in make_block(16, 24, "rms", bias=False).items()}
+    x = make_x(3, 16, torch.bfloat16)
+    sk.coverage.reset()
+    out, _ = call_op(block, x, None, "rms", "silu")
+    (miss,) = sk.coverage.report()["fallbacks"]
+    assert miss["op"] == "fused_gated_mlp/rms" and "interpreter" in miss["reason"], miss
+    assert rel_err(out, fp64(block, x, None, "rms", "silu")[0]) < TOL[torch.bfloat16]
 
 
 @needs_interpreter

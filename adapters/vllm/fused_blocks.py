@@ -37,6 +37,10 @@ BLOCKS = FusedBlocks()
 UNQUANTIZED = ("UnquantizedLinearMethod",)
 BASE_LOADER = "vllm.model_executor.model_loader.base_loader"
 BATCH_INVARIANT = "VLLM_BATCH_INVARIANT=1 (vLLM's batch-invariant GEMMs)"
+# vLLM's sequence-parallel compile pass (tp > 1) splits the residual across ranks where an all-reduce feeds an
+# RMSNorm; it does not rewrite our fused block, whose residual would then be a shard (vLLM 0.25
+# compilation/passes/fusion/sequence_parallelism.py).
+SEQUENCE_PARALLEL = "vLLM's sequence-parallel pass is on (compilation_config.pass_config.enable_sp)"
 # The engine config of the model being loaded in this process (set by the load_model wrappers).
 _loading: list = []
 # The models that went through the wrapped post-processing (a loader's own load_model leaves the others to us).
@@ -162,7 +166,7 @@ def plan_model(model: torch.nn.Module, vllm_config=None, cpu: bool | None = None
     On CPU (`cpu`: by default vLLM's platform), the planned layers' projections keep their plain weights (vLLM's
     `_cpu_skip_gemm_dispatch`). In vLLM's batch-invariant mode (`batch_invariant`: by default VLLM_BATCH_INVARIANT)
     no layer is fused: the op's fused and composed routes round differently, so a row's result would depend on
-    how many rows share its batch."""
+    how many rows share its batch. Nor with LoRA or vLLM's sequence-parallel pass (`SEQUENCE_PARALLEL`)."""
     if cpu is None:
         from vllm.platforms import current_platform
 
@@ -173,8 +177,10 @@ def plan_model(model: torch.nn.Module, vllm_config=None, cpu: bool | None = None
         batch_invariant = bool(vllm.envs.VLLM_BATCH_INVARIANT)
 
     lora = vllm_config is not None and getattr(vllm_config, "lora_config", None) is not None
+    pass_config = getattr(getattr(vllm_config, "compilation_config", None), "pass_config", None)
     refuse = ("LoRA is enabled (vLLM wraps the linears after loading)" if lora else
-              BATCH_INVARIANT if batch_invariant else None)
+              BATCH_INVARIANT if batch_invariant else
+              SEQUENCE_PARALLEL if getattr(pass_config, "enable_sp", False) else None)
     plans: dict[str, Plan | str] = {}
     for name, layer, norm_attr in _decoder_layers(model):
         plans[name] = refuse or plan_layer(layer, norm_attr)

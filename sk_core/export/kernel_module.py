@@ -248,6 +248,10 @@ def fused_gated_mlp(
                 f"fused_gated_mlp: {{name}} is {{tuple(weight.shape)}} {{weight.dtype}}; with x "
                 f"{{tuple(x.shape)}} {{x.dtype}} it must be {{expected[name]}} in x's dtype"
             )
+    if residual.shape != x.shape:
+        raise ValueError(
+            f"fused_gated_mlp: residual is {{tuple(residual.shape)}}; it must have x's shape {{tuple(x.shape)}}"
+        )
     x2, r2 = rows_view(x).contiguous(), rows_view(residual).contiguous()
     if x2.shape[0] <= fused_max_m(d, ff):
         out, h = forward_kernels(

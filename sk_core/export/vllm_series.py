@@ -217,6 +217,8 @@ _LLAMA_LAYER_DECISION = f'''        # Post-attention RMSNorm + MLP as one Standa
             envs.{SWITCH}
             and not envs.VLLM_BATCH_INVARIANT
             and vllm_config.lora_config is None
+            # The sequence-parallel pass would hand the fused call a residual split across ranks.
+            and not getattr(vllm_config.compilation_config.pass_config, "enable_sp", False)
             and type(self.mlp) is LlamaMLP
             and self.mlp.standard_kernels_supported(self.post_attention_layernorm)
         )
@@ -462,6 +464,16 @@ def test_fused_gated_mlp_names_a_weight_in_another_dtype():
     with pytest.raises(ValueError, match="down_weight is"):
         standard_kernels.fused_gated_mlp(
             x, residual, norm_weight, gate_up, down.double(), 1e-6, "rms", "silu"
+        )
+
+
+@needs_fused_mlp
+def test_fused_gated_mlp_refuses_a_residual_of_another_shape():
+    # e.g. split across ranks by the sequence-parallel pass, which the layers avoid
+    x, residual, norm_weight, gate_up, down = make_mlp(4, MLP_DTYPES[0], "rms")
+    with pytest.raises(ValueError, match="residual is"):
+        standard_kernels.fused_gated_mlp(
+            x, residual[:2], norm_weight, gate_up, down, 1e-6, "rms", "silu"
         )
 '''
 

@@ -212,6 +212,25 @@ def test_uncovered_layers_keep_the_engine_path_with_the_reason():
     plans = vllm_blocks.plan_model(lora, type("Cfg", (), {"lora_config": object()})(), cpu=False,
                                    batch_invariant=False)
     assert plans == {"layers.0": "LoRA is enabled (vLLM wraps the linears after loading)"}
+    # vLLM's sequence-parallel pass would hand the fused block a residual split across ranks.
+    def config(enable_sp):
+        pass_config = type("PassConfig", (), {"enable_sp": enable_sp})()
+        return type("Cfg", (), {"lora_config": None,
+                                "compilation_config": type("CC", (), {"pass_config": pass_config})()})()
+    plans = vllm_blocks.plan_model(Model([_layer()]), config(True), cpu=False, batch_invariant=False)
+    assert plans == {"layers.0": "vLLM's sequence-parallel pass is on (compilation_config.pass_config.enable_sp)"}
+    plans = vllm_blocks.plan_model(Model([_layer()]), config(False), cpu=False, batch_invariant=False)
+    assert isinstance(plans["layers.0"], fused_blocks.Plan)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_projection_returning_its_bias_separately_is_fused_only_without_one(bias):
+    """skip_bias_add: the engine's MLP drops the bias the projection returns (TeleChat2 sets it on a gate/up
+    projection without a bias, which is then an ordinary one); with a bias, fusing would add it."""
+    proj = MergedColumnParallelLinear(2 * FF, D, bias=bias)
+    proj.skip_bias_add = True
+    miss = fused_blocks.linear_miss("gate_up_proj", proj, vllm_blocks.UNQUANTIZED)
+    assert miss == ("gate_up_proj returns its bias separately (skip_bias_add)" if bias else None)
 
 
 def test_gpu_layers_without_a_kernel_keep_the_engine_path(monkeypatch):

@@ -106,6 +106,7 @@ def _forward(
     down_bias: Optional[torch.Tensor], eps: float, norm: str, activation: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x and residual are 2-D and contiguous. Returns (out, h); h is empty without a residual."""
+    _check_residual(x, residual)
     d, ff = x.shape[1], down_weight.shape[1]
     name = coverage_name(norm)
     tensors = [t for t in (x, residual, norm_weight, gate_up_weight, down_weight) if t is not None]
@@ -151,12 +152,21 @@ def _composed(x, residual, norm_weight, gate_up_weight, gate_up_bias, down_weigh
     return torch.nn.functional.linear(a, cast(down_weight), cast(down_bias)), h
 
 
+def _check_residual(x: torch.Tensor, residual: Optional[torch.Tensor]) -> None:
+    """The public function checks this; the custom op checks it again, for graphs that a compiler pass rewrote
+    after tracing (vLLM's sequence-parallel pass shards the residual across ranks, which nothing here supports)."""
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"sk.ops.{OP}: residual {tuple(residual.shape)} must have x's shape {tuple(x.shape)} (a "
+                         f"residual split across tensor-parallel ranks is not supported)")
+
+
 _op = LibraryOp("sk::fused_gated_mlp", _forward)
 
 
 @_op.register_fake
 def _(x, residual, norm_weight, norm_bias, gate_up_weight, gate_up_bias, down_weight, down_bias, eps, norm,
       activation):
+    _check_residual(x, residual)
     return x.new_empty(x.shape), x.new_empty(x.shape if residual is not None else 0)
 
 
