@@ -21,7 +21,9 @@ adapter.
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
+import weakref
 
 import torch
 
@@ -83,11 +85,22 @@ def _after_init(norm_attr: str):
 
 def check_loaded_model(model: torch.nn.Module, blocks: FusedBlocks | None = None) -> int:
     """Once the weights are loaded and processed: each fused layer whose projections SGLang repacked goes back to
-    SGLang's path (recorded in `blocks`, default BLOCKS). Returns how many fused layers stay fused."""
+    SGLang's path; a subclass of a listed layer (another model's, left alone at construction) is recorded as on
+    SGLang's path; fused layers that the model dropped while it was built (e.g. Ministral3's, built by the Llama
+    base and then replaced) leave the report. All in `blocks` (default BLOCKS). Returns how many fused layers stay
+    fused."""
     blocks = BLOCKS if blocks is None else blocks
+    _forget_dropped_layers(blocks)
     kept = 0
     for name, layer in list(model.named_modules()):
-        norm_attr = _norm_attr_of(type(layer))
+        cls = type(layer)
+        norm_attr = _norm_attr_of(cls)
+        base = None if norm_attr else next((c for c in cls.__mro__[1:] if _norm_attr_of(c)), None)
+        if base is not None:
+            fused_blocks.left_on_engine_path(
+                blocks, name, cls.__name__, f"a subclass of {base.__name__} from {cls.__module__}; only the listed "
+                f"classes themselves are fused (a subclass may change the MLP or the forward)", "SGLang")
+            continue
         fused = getattr(layer, norm_attr, None) if norm_attr else None
         if not isinstance(fused, fused_blocks.FusedNormMLP):
             continue
@@ -118,8 +131,24 @@ def route_layer_projections(layer: torch.nn.Module, name: str, blocks: FusedBloc
     blocks = BLOCKS if blocks is None else blocks
     if _norm_attr_of(type(layer)):
         fused_blocks.route_projections(getattr(layer, "self_attn", None), f"{name}.self_attn", UNQUANTIZED, blocks,
-                                       "SGLang")
+                                       "SGLang", engine_mode_miss())
     return blocks
+
+
+# The layers fused at construction, by name, until `check_loaded_model` finds them gone or kept.
+_built: list[tuple[str, weakref.ref]] = []
+
+
+def _forget_dropped_layers(blocks: FusedBlocks) -> None:
+    """Drop from `blocks.fused` the layers fused at construction that no longer exist (a name another live layer
+    holds, e.g. a draft model's, stays)."""
+    gc.collect()
+    live = {name for name, ref in _built if ref() is not None}
+    for name, ref in list(_built):
+        if ref() is None:
+            _built.remove((name, ref))
+            if name not in live:
+                blocks.fused.pop(name, None)
 
 
 def _norm_attr_of(cls: type) -> str | None:
@@ -143,6 +172,7 @@ def fuse_layer(layer: torch.nn.Module, norm_attr: str, name: str, blocks: FusedB
     if all_reduce is None:
         from sglang.srt.distributed import tensor_model_parallel_all_reduce as all_reduce
     fused_blocks.fuse_layer(layer, plan, all_reduce, name)
+    _built.append((name, weakref.ref(layer)))
     communicator = getattr(layer, "layer_communicator", None)
     if communicator is not None:  # prepare_mlp calls the communicator's norm, not the layer's attribute
         communicator.post_attention_layernorm = getattr(layer, norm_attr)
@@ -200,8 +230,8 @@ def _mlp_miss(cls: type) -> str | None:
 
 
 def engine_mode_miss() -> str | None:
-    """Why this SGLang server's settings rule out the fused blocks (LoRA, deterministic inference), or None (also
-    where no server's settings are published: a layer built outside an engine)."""
+    """Why this SGLang server's settings rule out the fused blocks (LoRA, torchao, deterministic inference), or
+    None (also where no server's settings are published: a layer built outside an engine)."""
     try:
         from sglang.srt.server_args import get_global_server_args
 
@@ -210,6 +240,9 @@ def engine_mode_miss() -> str | None:
         args = None
     if args is not None and (getattr(args, "enable_lora", False) or getattr(args, "lora_paths", None)):
         return "LoRA is enabled (SGLang wraps gate_up_proj/down_proj after loading)"
+    if args is not None and getattr(args, "torchao_config", None):
+        return (f"torchao quantization (--torchao-config {args.torchao_config}: SGLang swaps the linears' weights "
+                f"for quantized tensors after loading)")
     if args is not None and getattr(args, "enable_deterministic_inference", False):
         return ("deterministic inference (SGLang's batch-invariant mode: the op's fused and composed routes round "
                 "differently, so a row's result would depend on its batch)")

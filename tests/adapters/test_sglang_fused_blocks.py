@@ -263,6 +263,7 @@ def sglang(monkeypatch):
     monkeypatch.setattr(HookRegistry, "_hooks", {})
     monkeypatch.setattr(HookRegistry, "_patched", set())
     monkeypatch.setattr(sglang_blocks, "BLOCKS", fused_blocks.FusedBlocks())
+    monkeypatch.setattr(sglang_blocks, "_built", [])
     sk.coverage.reset()
 
     def apply():
@@ -459,6 +460,28 @@ def test_a_subclass_from_another_model_is_left_alone(sglang):
     assert sglang.blocks().fused == {} and sglang.blocks().engine_path == {}
 
 
+def test_the_loaded_model_reports_subclasses_on_sglangs_path_and_forgets_layers_it_dropped(sglang):
+    # Ministral3's model builds Llama layers through the base __init__ (fused there), then replaces them with its
+    # own subclass: the report must name the layers that run, not the ones dropped.
+    class Ministral3DecoderLayer(LlamaDecoderLayer):
+        pass
+    Ministral3DecoderLayer.__module__ = "sglang.srt.models.ministral3"
+    sglang.apply()
+    blocks = sglang.blocks()
+    dropped = LlamaDecoderLayer(layer_id=0, prefix="model.layers.0")
+    assert "model.layers.0" in blocks.fused
+    del dropped
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([Ministral3DecoderLayer(layer_id=0, prefix="model.layers.0")])
+    assert sglang.module.check_loaded_model(model, blocks) == 0
+    assert blocks.fused == {}
+    assert blocks.engine_path == {"layers.0": (
+        "Ministral3DecoderLayer: a subclass of LlamaDecoderLayer from sglang.srt.models.ministral3; only the listed "
+        "classes themselves are fused (a subclass may change the MLP or the forward)")}
+    with sk.coverage.strict(), pytest.raises(fused_blocks.UncoveredLayerError, match=r"layers\.0 \(Ministral3"):
+        sglang.module.check_loaded_model(model, blocks)
+
+
 def test_the_mlp_stand_in_loads_weights_as_sglangs_mlp_does(sglang):
     # SGLang's weight loader v2 asks each module with a load_weights to load its own (LlamaMLP merges gate_proj
     # and up_proj): the stand-in keeps that method, on the same parameters.
@@ -503,6 +526,7 @@ def test_lora_and_deterministic_inference_keep_sglangs_path(sglang, monkeypatch)
     sglang.apply()
     for args, reason in ((dict(enable_lora=True), "LoRA is enabled"),
                          (dict(lora_paths=["adapter"]), "LoRA is enabled"),
+                         (dict(torchao_config="int8wo"), "torchao quantization (--torchao-config int8wo"),
                          (dict(enable_deterministic_inference=True), "deterministic inference")):
         server_args.get_global_server_args = lambda args=args: types.SimpleNamespace(**args)
         layer = LlamaDecoderLayer(layer_id=1, prefix=f"model.layers.{reason}")
