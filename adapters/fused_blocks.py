@@ -371,6 +371,16 @@ class UncoveredLayerError(RuntimeError):
     """Strict mode: a decoder layer whose feed-forward block the op cannot compute (named, with the reason)."""
 
 
+def subclass_miss(cls: type, norm_attr_of: Callable[[type], str | None]) -> str | None:
+    """Why a layer of `cls`, not listed itself (`norm_attr_of` None) but a subclass of a listed class (another
+    model's layer, an EAGLE draft's), keeps the engine's path; None for a listed class or an unrelated one."""
+    if norm_attr_of(cls):
+        return None
+    base = next((c for c in cls.__mro__[1:] if norm_attr_of(c)), None)
+    return None if base is None else (f"a subclass of {base.__name__} from {cls.__module__}; only the listed "
+                                      f"classes themselves are fused (a subclass may change the MLP or the forward)")
+
+
 def left_on_engine_path(blocks: FusedBlocks, layer_name: str, cls: str, reason: str, engine: str) -> None:
     """Record a layer that keeps the engine's path; in strict mode that is an error naming it."""
     blocks.engine_path[layer_name] = f"{cls}: {reason}"

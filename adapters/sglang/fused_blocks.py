@@ -94,13 +94,11 @@ def check_loaded_model(model: torch.nn.Module, blocks: FusedBlocks | None = None
     kept = 0
     for name, layer in list(model.named_modules()):
         cls = type(layer)
-        norm_attr = _norm_attr_of(cls)
-        base = None if norm_attr else next((c for c in cls.__mro__[1:] if _norm_attr_of(c)), None)
-        if base is not None:
-            fused_blocks.left_on_engine_path(
-                blocks, name, cls.__name__, f"a subclass of {base.__name__} from {cls.__module__}; only the listed "
-                f"classes themselves are fused (a subclass may change the MLP or the forward)", "SGLang")
+        subclass = fused_blocks.subclass_miss(cls, _norm_attr_of)
+        if subclass:
+            fused_blocks.left_on_engine_path(blocks, name, cls.__name__, subclass, "SGLang")
             continue
+        norm_attr = _norm_attr_of(cls)
         fused = getattr(layer, norm_attr, None) if norm_attr else None
         if not isinstance(fused, fused_blocks.FusedNormMLP):
             continue

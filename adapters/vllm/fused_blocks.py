@@ -151,10 +151,13 @@ def _after_loading(model: torch.nn.Module, config, plans) -> None:
         route_model_projections(model, config)
 
 
+def _norm_attr_of(cls: type) -> str | None:
+    return support.FUSED_DECODER_LAYERS.get(cls.__module__, {}).get(cls.__name__)
+
+
 def _decoder_layers(model: torch.nn.Module):
     for name, layer in model.named_modules():
-        cls = type(layer)
-        norm_attr = support.FUSED_DECODER_LAYERS.get(cls.__module__, {}).get(cls.__name__)
+        norm_attr = _norm_attr_of(type(layer))
         if norm_attr is not None:
             yield name, layer, norm_attr
 
@@ -214,6 +217,10 @@ def fuse_model(model: torch.nn.Module, plans: dict[str, Plan | str] | None = Non
         record_for_reloading(getattr(layer, plan.norm_attr))
         blocks.fused[scope + name] = (f"{cls.__name__}: {plan.norm_attr} + mlp, norm={plan.norm}, "
                                       f"activation={plan.activation}")
+    for name, layer in model.named_modules():  # vLLM's EAGLE drafts subclass the listed layers
+        subclass = fused_blocks.subclass_miss(type(layer), _norm_attr_of)
+        if subclass:
+            fused_blocks.left_on_engine_path(blocks, scope + name, type(layer).__name__, subclass, "vLLM")
     if blocks.fused or blocks.engine_path:
         logger.info("standardkernels fused blocks: %d decoder layers fused, %d on vLLM's path%s",
                     len(blocks.fused), len(blocks.engine_path),

@@ -223,6 +223,22 @@ def test_uncovered_layers_keep_the_engine_path_with_the_reason():
     assert isinstance(plans["layers.0"], fused_blocks.Plan)
 
 
+def test_a_subclass_of_a_listed_layer_is_recorded_on_the_engine_path():
+    # vLLM's EAGLE drafts subclass LlamaDecoderLayer in their own modules: left alone, and reported (strict: error).
+    draft_layer = type("EagleLlamaDecoderLayer", (LlamaDecoderLayer,), {"__module__": "vllm.model_executor.models."
+                                                                                      "llama_eagle"})
+    layer = _layer()
+    layer.__class__ = draft_layer
+    model = Model([_layer(), layer])
+    blocks = _fuse(model)
+    assert list(blocks.fused) == ["layers.0"] and not isinstance(layer.mlp, fused_blocks.MlpComputedByNorm)
+    assert blocks.engine_path == {"layers.1": (
+        "EagleLlamaDecoderLayer: a subclass of LlamaDecoderLayer from vllm.model_executor.models.llama_eagle; only "
+        "the listed classes themselves are fused (a subclass may change the MLP or the forward)")}
+    with sk.coverage.strict(), pytest.raises(fused_blocks.UncoveredLayerError, match=r"layers\.1 \(EagleLlama"):
+        _fuse(Model([_layer(), layer]))
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_projection_returning_its_bias_separately_is_fused_only_without_one(bias):
     """skip_bias_add: the engine's MLP drops the bias the projection returns (TeleChat2 sets it on a gate/up
