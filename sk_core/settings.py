@@ -134,7 +134,9 @@ SETTINGS: dict[str, Setting] = {
     "triton_interpret": Setting(
         "TRITON_INTERPRET", "0", _flag,
         "Triton's own switch, read by Triton at import. `1`: the kernels run on CPU tensors through Triton's "
-        "interpreter (how CI tests them without a GPU); the GEGLU op's PDL and CuTe paths are off."),
+        "interpreter (how CI tests them without a GPU); the GEGLU op's PDL and CuTe paths are off, and the GEMM "
+        "ops (GEGLU, `fused_gated_mlp`, `linear`) run their PyTorch reference in bf16, recorded (the interpreter's "
+        "bf16 `tl.dot` is wrong)."),
 }
 
 _environment: dict[str, Any] = {}
