@@ -162,6 +162,18 @@ def _decoder_layers(model: torch.nn.Module):
             yield name, layer, norm_attr
 
 
+def _engine_mode_miss(vllm_config, batch_invariant: bool | None) -> str | None:
+    """Why this engine's settings keep every layer's projections on vLLM's path (LoRA; batch-invariant mode, by
+    default VLLM_BATCH_INVARIANT), or None."""
+    if vllm_config is not None and getattr(vllm_config, "lora_config", None) is not None:
+        return "LoRA is enabled (vLLM wraps the linears after loading)"
+    if batch_invariant is None:
+        import vllm.envs
+
+        batch_invariant = bool(vllm.envs.VLLM_BATCH_INVARIANT)
+    return BATCH_INVARIANT if batch_invariant else None
+
+
 def plan_model(model: torch.nn.Module, vllm_config=None, cpu: bool | None = None,
                batch_invariant: bool | None = None) -> dict[str, Plan | str]:
     """Before vLLM post-processes the loaded weights: each supported layer's plan, or why it keeps vLLM's path.
@@ -174,16 +186,9 @@ def plan_model(model: torch.nn.Module, vllm_config=None, cpu: bool | None = None
         from vllm.platforms import current_platform
 
         cpu = current_platform.is_cpu()
-    if batch_invariant is None:
-        import vllm.envs
-
-        batch_invariant = bool(vllm.envs.VLLM_BATCH_INVARIANT)
-
-    lora = vllm_config is not None and getattr(vllm_config, "lora_config", None) is not None
     pass_config = getattr(getattr(vllm_config, "compilation_config", None), "pass_config", None)
-    refuse = ("LoRA is enabled (vLLM wraps the linears after loading)" if lora else
-              BATCH_INVARIANT if batch_invariant else
-              SEQUENCE_PARALLEL if getattr(pass_config, "enable_sp", False) else None)
+    refuse = (_engine_mode_miss(vllm_config, batch_invariant)
+              or (SEQUENCE_PARALLEL if getattr(pass_config, "enable_sp", False) else None))
     plans: dict[str, Plan | str] = {}
     for name, layer, norm_attr in _decoder_layers(model):
         plans[name] = refuse or plan_layer(layer, norm_attr)
@@ -265,13 +270,7 @@ def route_model_projections(model: torch.nn.Module, vllm_config=None, blocks: Fu
     """Route every supported decoder layer's QKV and output projections through sk.ops.linear, or record why
     not (LoRA, vLLM's batch-invariant mode, quantized, no kernel for the weight); returns `blocks`."""
     blocks = BLOCKS if blocks is None else blocks
-    if batch_invariant is None:
-        import vllm.envs
-
-        batch_invariant = bool(vllm.envs.VLLM_BATCH_INVARIANT)
-    lora = vllm_config is not None and getattr(vllm_config, "lora_config", None) is not None
-    refuse = ("LoRA is enabled (vLLM wraps the linears after loading)" if lora else
-              BATCH_INVARIANT if batch_invariant else None)
+    refuse = _engine_mode_miss(vllm_config, batch_invariant)
     scope = blocks.scope(model)
     for name, layer, _ in _decoder_layers(model):
         fused_blocks.route_projections(getattr(layer, "self_attn", None), f"{scope}{name}.self_attn", UNQUANTIZED,
