@@ -43,6 +43,9 @@ DECODER_LAYERS = {
     "sglang.srt.models.gemma3_causal": {"Gemma3DecoderLayer": "pre_feedforward_layernorm"},
 }
 MLP_CLASSES = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP", "GemmaMLP", "Gemma2MLP", "Gemma3MLP")
+# SGLang's names of the projections our kernels run (LoRA names its targets so: `_lora_miss`).
+MLP_PROJECTIONS = ("gate_up_proj", "down_proj")
+ATTENTION_PROJECTIONS = ("qkv_proj", "o_proj")
 
 
 def hooks() -> dict[str, tuple]:
@@ -129,7 +132,7 @@ def route_layer_projections(layer: torch.nn.Module, name: str, blocks: FusedBloc
     blocks = BLOCKS if blocks is None else blocks
     if _norm_attr_of(type(layer)):
         fused_blocks.route_projections(getattr(layer, "self_attn", None), f"{name}.self_attn", UNQUANTIZED, blocks,
-                                       "SGLang", engine_mode_miss())
+                                       "SGLang", engine_mode_miss(ATTENTION_PROJECTIONS))
     return blocks
 
 
@@ -227,17 +230,43 @@ def _mlp_miss(cls: type) -> str | None:
     return None
 
 
-def engine_mode_miss() -> str | None:
-    """Why this SGLang server's settings rule out the fused blocks (LoRA, torchao, deterministic inference), or
-    None (also where no server's settings are published: a layer built outside an engine)."""
+def _lora_miss(args, modules: tuple[str, ...]) -> str | None:
+    """Why LoRA rules out our kernels on `modules` (SGLang's normalized names): SGLang wraps each module its
+    LoRA targets after loading. Only an explicit `--lora-target-modules` (adapters must stay within it) that
+    names none of `modules` leaves them alone; without one, the targets come from the adapters' configs, which
+    are read later (and may name any module)."""
+    if not (getattr(args, "enable_lora", False) or getattr(args, "lora_paths", None)):
+        return None
+    targets = getattr(args, "lora_target_modules", None)
+    if targets:
+        try:
+            from sglang.srt.lora.utils import get_normalized_target_modules
+
+            named = get_normalized_target_modules(sorted(targets) if not isinstance(targets, str) else targets)
+        except (ImportError, ValueError):
+            named = {"all"}
+        hit = sorted(set(modules) & named) if "all" not in named else list(modules)
+        if not hit:
+            return None
+        return f"LoRA targets {', '.join(hit)} (--lora-target-modules; SGLang wraps them after loading)"
+    return (f"LoRA is enabled without --lora-target-modules (SGLang wraps the modules its adapters target, "
+            f"{'/'.join(modules)} among them, after loading: pass --lora-target-modules without them to keep "
+            f"them fused)")
+
+
+def engine_mode_miss(modules: tuple[str, ...] = MLP_PROJECTIONS) -> str | None:
+    """Why this SGLang server's settings rule out our kernels on the layer's `modules` (LoRA targeting them,
+    torchao, deterministic inference), or None (also where no server's settings are published: a layer built
+    outside an engine)."""
     try:
         from sglang.srt.server_args import get_global_server_args
 
         args = get_global_server_args()
     except (ImportError, ValueError):  # ValueError: "Global server args is not set yet!"
         args = None
-    if args is not None and (getattr(args, "enable_lora", False) or getattr(args, "lora_paths", None)):
-        return "LoRA is enabled (SGLang wraps gate_up_proj/down_proj after loading)"
+    lora = None if args is None else _lora_miss(args, modules)
+    if lora:
+        return lora
     if args is not None and getattr(args, "torchao_config", None):
         return (f"torchao quantization (--torchao-config {args.torchao_config}: SGLang swaps the linears' weights "
                 f"for quantized tensors after loading)")

@@ -539,6 +539,45 @@ def test_lora_and_deterministic_inference_keep_sglangs_path(sglang, monkeypatch)
     assert isinstance(LlamaDecoderLayer(layer_id=1, prefix="model.layers.9").mlp, fused_blocks.MlpComputedByNorm)
 
 
+def _normalized_like_sglang(targets):  # sglang.srt.lora.utils.get_normalized_target_modules, in short
+    if isinstance(targets, str):
+        return {"all"}
+    names = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+             "up_proj": "gate_up_proj"}
+    return {names.get(t.split(".")[-1], t.split(".")[-1]) for t in targets}
+
+
+@pytest.mark.parametrize("targets, mlp_fused, attention_routed", [
+    ({"q_proj", "v_proj"}, True, False),
+    ({"model.layers.0.mlp.down_proj"}, False, True),
+    ({"o_proj"}, True, False),
+    ({"all"}, False, False),
+    (None, False, False),
+])
+def test_lora_keeps_sglangs_path_only_on_the_modules_it_targets(sglang, monkeypatch, targets, mlp_fused,
+                                                                attention_routed):
+    server_args = types.ModuleType("sglang.srt.server_args")
+    lora_utils = types.ModuleType("sglang.srt.lora.utils")
+    lora_utils.get_normalized_target_modules = _normalized_like_sglang
+    monkeypatch.setitem(sys.modules, server_args.__name__, server_args)
+    monkeypatch.setitem(sys.modules, lora_utils.__name__, lora_utils)
+    server_args.get_global_server_args = lambda: types.SimpleNamespace(enable_lora=True, lora_target_modules=targets)
+    monkeypatch.setattr(LlamaDecoderLayer, "__init__", _with_attention(LlamaDecoderLayer.__init__))
+    with sk.settings.override(attention_linear=True):
+        sglang.apply()
+        layer = LlamaDecoderLayer(layer_id=1, prefix="model.layers.1")
+    blocks = sglang.blocks()
+    assert isinstance(layer.mlp, fused_blocks.MlpComputedByNorm) is mlp_fused
+    assert ("model.layers.1.self_attn.qkv_proj" in blocks.projections) is attention_routed
+    if not mlp_fused:
+        assert "LoRA" in blocks.engine_path["model.layers.1"]
+    if not attention_routed:
+        reason = blocks.projections_engine_path["model.layers.1.self_attn.qkv_proj"]
+        assert ("LoRA targets qkv_proj, o_proj" in reason if targets == {"all"} else "LoRA" in reason)
+    if targets is None:
+        assert "--lora-target-modules" in blocks.engine_path["model.layers.1"]
+
+
 def test_weights_sglangs_updates_write_are_the_ones_the_block_computes_with(sglang):
     # SGLang's online weight updates write through .data, name by name, while its CUDA graphs stay captured: the
     # op reads the Parameters themselves, so nothing has to follow the writes.
