@@ -46,6 +46,8 @@ class LLM(Workload):
     decode_batch_8 = "decode-batch-8"
     decode_batch_32 = "decode-batch-32"
     decode_batch_64 = "decode-batch-64"
+    # The decode phase of `throughput`'s batch (128 sequences) on its own.
+    decode_batch_128 = "decode-batch-128"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +100,7 @@ LLM_THROUGHPUT_WORKLOADS: list[ThroughputWorkload] = [
 LLM_LATENCY_WORKLOADS: list[LatencyWorkload] = [
     LatencyWorkload("single-request", batch_size=1, input_len=128, output_len=128),
     LatencyWorkload("fixed-batch-32", batch_size=32, input_len=128, output_len=128),
-    *[LatencyWorkload(f"decode-batch-{b}", batch_size=b, input_len=32, output_len=128) for b in (1, 8, 32, 64)],
+    *[LatencyWorkload(f"decode-batch-{b}", batch_size=b, input_len=32, output_len=128) for b in (1, 8, 32, 64, 128)],
 ]
 
 # Family -> its specs. A new family adds its enum and its lists here.
