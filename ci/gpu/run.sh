@@ -15,8 +15,9 @@
 # Llama-3.2-1B's projections (or SK_LINEAR_SHAPES at SK_LINEAR_M rows); "qk-norm": Qwen3's q/k norms + rotary
 # compiled, vLLM's math against ours inside;
 # "decoder-chain": decoder layers without attention under Inductor, our norm/activation kernels inside or not
-# (SK_CHAIN_SHAPE, default qwen3-8b); "norm-pdl": our RMSNorm as dependent launches against plain stream order,
-# chained in graphs (with the engines installed, ci/gpu/engines.sh bench-norm-pdl adds their norms);
+# (SK_CHAIN_SHAPE, default qwen3-8b, at SK_CHAIN_M rows, default 1,8,32); "norm-pdl": our RMSNorm as dependent
+# launches against plain stream order, chained in graphs (with the engines installed, ci/gpu/engines.sh
+# bench-norm-pdl adds their norms);
 # "host-path": the host's µs per call of each of our ops on the GPU, as an engine's eager step calls them;
 # "geglu-paths": the GEGLU op on the paths a user takes, seed/decode/prefill shapes,
 # inference only; "gated-mlp": benchmarks/bench_gated_mlp.py at the engines' shapes with the peers importable here,
@@ -82,7 +83,7 @@ for step in $steps; do
     qk-norm) python3 benchmarks/bench_qk_norm.py "$out/qk_norm" 2>&1 | tee "$out/qk_norm.log" ;;
     norm-pdl) python3 benchmarks/bench_norm_pdl.py "$out/norm_pdl" 2>&1 | tee "$out/norm_pdl.log" ;;
     decoder-chain) python3 benchmarks/bench_decoder_chain.py "$out/decoder_chain" --shape "${SK_CHAIN_SHAPE:-qwen3-8b}" \
-                     2>&1 | tee "$out/decoder_chain.log" ;;
+                     --m "${SK_CHAIN_M:-1,8,32}" 2>&1 | tee "$out/decoder_chain.log" ;;
     linear-sweep) python3 benchmarks/bench_linear.py --sweep \
                     --shapes "${SK_LINEAR_SHAPES:-llama3-8b-qkv,llama3-8b-o,llama3.2-1b-qkv}" \
                     --m "${SK_LINEAR_M:-1,8,32}" --out "$out/linear" 2>&1 | tee "$out/linear_sweep.log" ;;
