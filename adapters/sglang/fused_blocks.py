@@ -249,9 +249,9 @@ def _lora_miss(args, modules: tuple[str, ...]) -> str | None:
         if not hit:
             return None
         return f"LoRA targets {', '.join(hit)} (--lora-target-modules; SGLang wraps them after loading)"
-    return (f"LoRA is enabled without --lora-target-modules (SGLang wraps the modules its adapters target, "
-            f"{'/'.join(modules)} among them, after loading: pass --lora-target-modules without them to keep "
-            f"them fused)")
+    return (f"LoRA is enabled without --lora-target-modules (SGLang wraps the modules its adapters target after "
+            f"loading, which may include {'/'.join(modules)}: pass --lora-target-modules without them to keep them "
+            f"on our kernels)")
 
 
 def engine_mode_miss(modules: tuple[str, ...] = MLP_PROJECTIONS) -> str | None:
