@@ -10,13 +10,11 @@ from __future__ import annotations
 import argparse
 import collections
 
-from sk.workflow.kernel_profile import device_events, load_trace
-
-GEMM_NAMES = ("nvjet", "gemm", "cutlass::Kernel", "sm90_xmma")
+from sk.workflow.kernel_profile import classify, device_events, load_trace
 
 
 def phases(kernels: list[dict], long_gemm_us: float) -> tuple[list[dict], list[dict]]:
-    last = max(i for i, e in enumerate(kernels) if e["dur"] > long_gemm_us and any(g in e["name"] for g in GEMM_NAMES))
+    last = max(i for i, e in enumerate(kernels) if e["dur"] > long_gemm_us and classify(e["name"]) == "gemm")
     return kernels[:last + 1], kernels[last + 1:]
 
 

@@ -242,10 +242,10 @@ def _lora_miss(args, modules: tuple[str, ...]) -> str | None:
         try:
             from sglang.srt.lora.utils import get_normalized_target_modules
 
-            named = get_normalized_target_modules(sorted(targets) if not isinstance(targets, str) else targets)
+            named = get_normalized_target_modules(targets)
         except (ImportError, ValueError):
             named = {"all"}
-        hit = sorted(set(modules) & named) if "all" not in named else list(modules)
+        hit = [m for m in modules if m in named or "all" in named]
         if not hit:
             return None
         return f"LoRA targets {', '.join(hit)} (--lora-target-modules; SGLang wraps them after loading)"
